@@ -1,0 +1,8 @@
+"""SAT Explorer core: Show, Attend and Tell (Xu et al., 2015) in PyTorch.
+
+The library never imports Streamlit; the app in ``explorer/`` calls into it.
+"""
+
+from sat_core.errors import SatError
+
+__all__ = ["SatError"]
