@@ -1,0 +1,463 @@
+"""THE decode loop: batched beam search (greedy = beam 1), decode sessions, scoring, interventions.
+
+Every caption the project shows — CLI, evaluation, validation during training, the explorer — comes
+from ``beam_search`` or from ``DecodeSession``/``score_caption``, which share the decoder's ``step``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sat_core.config import DecodeConfig
+from sat_core.errors import SatError
+from sat_core.models.captioner import Captioner
+from sat_core.models.decoder import AlphaEdit, Prepared
+from sat_core.vocab import Vocab
+
+
+def pick_device(name: str | None = None) -> torch.device:
+    """``None``/"auto": CUDA when available, else CPU; otherwise the named device."""
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if str(name).startswith("cuda") and not torch.cuda.is_available():
+        raise SatError(f"Device {name!r} was asked for but no CUDA GPU is available; use --device cpu.")
+    return torch.device(name)
+
+
+def _autocast(device: torch.device, amp: bool):
+    if amp and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # generated ids, no <start>; ends with <end> when finished
+    words: list[str]  # without special tokens
+    logprob: float  # Σ_t log p(y_t | a, y_<t)
+    score: float  # logprob / len(tokens) ** length_norm
+    alphas: np.ndarray  # (T, L) α_t of the step that produced tokens[t]
+    betas: np.ndarray  # (T,)
+    locations: np.ndarray  # (T,) sampled region per step (hard sampling), −1 otherwise
+    finished: bool
+    grid: tuple[int, int]
+
+    @property
+    def caption(self) -> str:
+        return " ".join(self.words)
+
+    def alpha_grids(self) -> np.ndarray:
+        return self.alphas.reshape(len(self.alphas), *self.grid)  # (T, gh, gw)
+
+
+@dataclass
+class Intervention:
+    """Change α at chosen steps over a chosen region before the context is formed.
+
+    ``region`` is a bool mask over the grid (gh, gw) or (L,). ``mode``: "exclude" keeps attention out
+    of the region, "include" keeps it inside; α is renormalised over what is left (uniform there if
+    nothing was left). ``steps``: the step indices to act on (None: every step).
+    """
+
+    region: np.ndarray
+    mode: str = "exclude"
+    steps: Sequence[int] | None = None
+
+    def editor(self, step: int, device: torch.device) -> AlphaEdit | None:
+        if self.steps is not None and step not in self.steps:
+            return None
+        if self.mode not in ("exclude", "include"):
+            raise SatError(f"Intervention mode must be exclude or include, not {self.mode!r}.")
+        region = torch.as_tensor(np.asarray(self.region, dtype=bool).reshape(-1), device=device)
+        keep = ~region if self.mode == "exclude" else region  # (L,)
+        if not bool(keep.any()):
+            raise SatError("The intervention leaves no region to attend to; choose a smaller region.")
+
+        def edit(alpha: torch.Tensor) -> torch.Tensor:
+            kept = alpha * keep  # (N, L)
+            total = kept.sum(1, keepdim=True)
+            uniform = keep.to(alpha.dtype) / keep.sum()
+            return torch.where(total > 0, kept / total.clamp_min(1e-30), uniform.expand_as(alpha))
+
+        return edit
+
+
+def _suppressed(vocab: Vocab, cfg: DecodeConfig) -> list[int]:
+    ids = [vocab.pad_id, vocab.start_id]
+    return ids + [vocab.unk_id] if cfg.suppress_unk else ids
+
+
+def _log_probs(logits: torch.Tensor, banned: list[int]) -> torch.Tensor:
+    """log_softmax with banned ids set to −inf (not renormalised, so scoring gives the same numbers)."""
+    logp = F.log_softmax(logits.float(), dim=-1)  # (N, V)
+    logp[:, banned] = -float("inf")
+    return logp
+
+
+def _encode(model: Captioner, inputs: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    """Images (B, 3, H, W) or precomputed annotations (B, L, D) -> annotations and grid."""
+    if inputs.dim() == 4:
+        return model.encode(inputs), model.grid
+    if model.grid is None or model.grid[0] * model.grid[1] != inputs.shape[1]:
+        side = int(round(inputs.shape[1] ** 0.5))
+        return inputs, (side, inputs.shape[1] // side)
+    return inputs, model.grid
+
+
+def _sample_mask(model: Captioner, cfg: DecodeConfig, n: int, device) -> torch.Tensor | None:
+    if not model.hard or cfg.hard_mode == "expect":
+        return None
+    if cfg.hard_mode != "sample":
+        raise SatError(f"hard_mode must be expect or sample, not {cfg.hard_mode!r}.")
+    return torch.ones(n, dtype=torch.bool, device=device)
+
+
+@dataclass
+class _Trace:
+    """Per-step tensors and back-pointers, turned into hypotheses once decoding ends."""
+
+    alphas: list[torch.Tensor] = field(default_factory=list)  # per step (N, L)
+    betas: list[torch.Tensor] = field(default_factory=list)  # per step (N,)
+    locations: list[torch.Tensor] = field(default_factory=list)  # per step (N,)
+    parents: list[np.ndarray] = field(default_factory=list)  # per step (N,): row at step t of row i at t+1
+    words: list[np.ndarray] = field(default_factory=list)  # per step (N,): word row i at t+1 was fed
+
+    def to_numpy(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return (
+            torch.stack(self.alphas).float().cpu().numpy(),  # (T, N, L)
+            torch.stack(self.betas).float().cpu().numpy(),  # (T, N)
+            torch.stack(self.locations).cpu().numpy(),  # (T, N)
+        )
+
+
+def _hypothesis(end, trace, arrays, vocab, grid, length_norm) -> Hypothesis:
+    """Walk the back-pointers from (step t, row r, last word w) to the first step."""
+    t, row, word, logprob, finished = end
+    alphas, betas, locs = arrays
+    tokens, a, b, loc = [word], [alphas[t, row]], [betas[t, row]], [locs[t, row]]
+    for s in range(t - 1, -1, -1):
+        tokens.append(int(trace.words[s][row]))
+        row = int(trace.parents[s][row])
+        a.append(alphas[s, row])
+        b.append(betas[s, row])
+        loc.append(locs[s, row])
+    tokens.reverse()
+    return Hypothesis(
+        tokens=tokens,
+        words=vocab.decode(tokens),
+        logprob=float(logprob),
+        score=float(logprob) / len(tokens) ** length_norm,
+        alphas=np.stack(a[::-1]),
+        betas=np.asarray(b[::-1]),
+        locations=np.asarray(loc[::-1]),
+        finished=finished,
+        grid=grid,
+    )
+
+
+@torch.no_grad()
+def beam_search(
+    model: Captioner,
+    inputs: torch.Tensor,
+    vocab: Vocab,
+    cfg: DecodeConfig | None = None,
+    *,
+    intervention: Intervention | None = None,
+    generator: torch.Generator | None = None,
+    amp: bool = False,
+) -> list[list[Hypothesis]]:
+    """Decode B images at once with K beams each (B·K rows in one tensor); greedy is K = 1.
+
+    ``inputs``: images (B, 3, H, W) or annotations (B, L, D). Returns per image its ``beam_size``
+    hypotheses, best first: finished ones by length-normalised score, then, if the length cap was hit
+    before K finished, the best unfinished ones. Runs on the model's device.
+    """
+    cfg = cfg or DecodeConfig()
+    K = cfg.beam_size
+    if K < 1 or cfg.max_len < 1:
+        raise SatError(f"beam_size and max_len must be at least 1 (got {K} and {cfg.max_len}).")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    with _autocast(device, amp):
+        feats, grid = _encode(model, inputs.to(device))  # (B, L, D)
+        prep, h, c = model.decoder.prepare(feats)  # (B, L, A), (B, n)
+    B, V, N = feats.shape[0], len(vocab), feats.shape[0] * K
+    h, c = h.repeat_interleave(K, 0), c.repeat_interleave(K, 0)  # (N, n)
+    tokens = torch.full((N,), vocab.start_id, dtype=torch.long, device=device)
+    scores = torch.full((B, K), -float("inf"), device=device)
+    scores[:, 0] = 0.0  # only the first beam is alive at the start
+    sample = _sample_mask(model, cfg, N, device)
+    if sample is not None and generator is None:
+        generator = torch.Generator(device).manual_seed(cfg.seed)
+    banned = _suppressed(vocab, cfg)
+    trace, ends = _Trace(), [[] for _ in range(B)]  # ends: (t, row, word, logprob, finished)
+    done = np.zeros(B, dtype=bool)
+    for t in range(cfg.max_len):
+        edit = intervention.editor(t, device) if intervention is not None else None
+        with _autocast(device, amp):
+            out = model.decoder.step(tokens, h, c, prep, sample=sample, generator=generator, alpha_edit=edit)
+        trace.alphas.append(out.alpha)
+        trace.betas.append(out.beta)
+        trace.locations.append(out.location)
+        cand = (scores.view(N, 1) + _log_probs(out.logits, banned)).view(B, K * V)  # (B, K·V)
+        top_scores, top_idx = cand.topk(min(2 * K, K * V), dim=1)  # (B, 2K)
+        rows, words, new_scores = _select(
+            top_scores.cpu().numpy(), top_idx.cpu().numpy(), K, V, vocab.end_id, t, ends, done
+        )
+        if done.all():
+            break
+        trace.parents.append(rows)
+        trace.words.append(words)
+        rows_t = torch.from_numpy(rows).to(device)
+        h, c = out.h[rows_t], out.c[rows_t]  # (N, n)
+        tokens = torch.from_numpy(words).to(device)
+        scores = torch.from_numpy(new_scores).to(device)
+    else:
+        _add_unfinished(ends, done, scores.cpu().numpy(), tokens, trace, K)
+    if was_training:
+        model.train()
+    arrays = trace.to_numpy()
+    results = []
+    for b in range(B):
+        hyps = [_hypothesis(e, trace, arrays, vocab, grid, cfg.length_norm) for e in ends[b]]
+        hyps.sort(key=lambda hyp: (not hyp.finished, -hyp.score))
+        results.append(hyps[:K])
+    return results
+
+
+def _select(top_scores, top_idx, K, V, end_id, t, ends, done):
+    """Beam bookkeeping for one step: finish <end> candidates ranked in the top K, keep K others.
+
+    Only an <end> among an image's K best candidates is finished, so beam 1 is exactly greedy.
+    Returns the new rows' parents (N,), their words (N,) and scores (B, K).
+    """
+    B = top_scores.shape[0]
+    rows = np.repeat(np.arange(B) * K, K)  # dead slots point at the image's first row
+    words = np.full(B * K, end_id, dtype=np.int64)
+    new_scores = np.full((B, K), -np.inf, dtype=np.float32)
+    for b in range(B):
+        if done[b]:
+            continue
+        kept = 0
+        for j in range(top_scores.shape[1]):
+            score = top_scores[b, j]
+            if score == -np.inf or kept == K:
+                break
+            row, word = b * K + top_idx[b, j] // V, top_idx[b, j] % V
+            if word == end_id:
+                if j < K:
+                    ends[b].append((t, int(row), int(word), float(score), True))
+                continue
+            rows[b * K + kept], words[b * K + kept], new_scores[b, kept] = row, word, score
+            kept += 1
+        done[b] = sum(e[4] for e in ends[b]) >= K
+    return rows, words, new_scores
+
+
+def _add_unfinished(ends, done, scores, tokens, trace, K) -> None:
+    """At the length cap: the live beams become (unfinished) hypotheses of the images not done."""
+    t = len(trace.alphas) - 1
+    words = tokens.cpu().numpy()
+    for b in np.flatnonzero(~done):
+        for k in range(K):
+            if scores[b, k] > -np.inf:
+                # The live row at step t+1 came from parents[t]; its last word is words[t].
+                row = int(trace.parents[t][b * K + k])
+                ends[b].append((t, row, int(words[b * K + k]), float(scores[b, k]), False))
+
+
+def _as_batch(image: torch.Tensor) -> torch.Tensor:
+    return image.unsqueeze(0) if image.dim() == 3 else image  # (1, 3, H, W)
+
+
+@dataclass
+class StepView:
+    """What one decoding step shows: the word, the distribution it came from, α, β."""
+
+    index: int
+    token: int
+    word: str
+    logprob: float
+    top_words: list[str]
+    top_probs: list[float]
+    alpha: np.ndarray  # (gh, gw)
+    beta: float
+    location: int  # hard: sampled region (sample mode) or argmax α (expect mode); −1 for soft
+    forced: bool
+
+
+class DecodeSession:
+    """Step through one image's caption word by word; go back; force a word and continue.
+
+    The encoder runs once when the session starts; each step is one decoder step.
+    """
+
+    def __init__(
+        self,
+        model: Captioner,
+        vocab: Vocab,
+        image: torch.Tensor,
+        cfg: DecodeConfig | None = None,
+        *,
+        top_k: int = 5,
+        intervention: Intervention | None = None,
+    ) -> None:
+        self.model, self.vocab, self.cfg = model.eval(), vocab, cfg or DecodeConfig()
+        self.top_k, self.intervention = top_k, intervention
+        self.device = next(model.parameters()).device
+        with torch.no_grad():
+            feats, self.grid = _encode(model, _as_batch(image).to(self.device))
+            self._prep, h, c = model.decoder.prepare(feats)
+        start = torch.tensor([vocab.start_id], device=self.device)
+        self._states: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = [(h, c, start)]
+        self.steps: list[StepView] = []
+        self._banned = _suppressed(vocab, self.cfg)
+
+    @property
+    def done(self) -> bool:
+        ended = bool(self.steps) and self.steps[-1].token == self.vocab.end_id
+        return ended or len(self.steps) >= self.cfg.max_len
+
+    @property
+    def words(self) -> list[str]:
+        return self.vocab.decode(s.token for s in self.steps)
+
+    @property
+    def logprob(self) -> float:
+        return float(sum(s.logprob for s in self.steps))
+
+    @torch.no_grad()
+    def step(self, force: str | int | None = None) -> StepView:
+        """Advance one word: the most probable one, or ``force`` (a word or an id)."""
+        if self.done:
+            raise SatError("The caption is complete; go back a step or force a different word.")
+        t = len(self.steps)
+        h, c, prev = self._states[-1]
+        sample = _sample_mask(self.model, self.cfg, 1, self.device)
+        gen = None
+        if sample is not None:  # one seed per step, so back() + step() draws the same location
+            gen = torch.Generator(self.device).manual_seed(self.cfg.seed * 1_000_003 + t)
+        edit = self.intervention.editor(t, self.device) if self.intervention is not None else None
+        out = self.model.decoder.step(prev, h, c, self._prep, sample=sample, generator=gen, alpha_edit=edit)
+        logp = _log_probs(out.logits, self._banned)[0]  # (V,)
+        token = int(logp.argmax()) if force is None else self._token(force)
+        top = logp.exp().topk(min(self.top_k, len(self.vocab)))
+        alpha = out.alpha[0].float()
+        location = int(out.location[0])
+        if self.model.hard and location < 0:
+            location = int(alpha.argmax())
+        view = StepView(
+            index=t,
+            token=token,
+            word=self.vocab.itos[token],
+            logprob=float(logp[token]),
+            top_words=[self.vocab.itos[i] for i in top.indices.tolist()],
+            top_probs=top.values.tolist(),
+            alpha=alpha.cpu().numpy().reshape(self.grid),
+            beta=float(out.beta[0]),
+            location=location,
+            forced=force is not None,
+        )
+        self._states.append((out.h, out.c, torch.tensor([token], device=self.device)))
+        self.steps.append(view)
+        return view
+
+    def back(self) -> None:
+        """Undo the last step (no-op at the start)."""
+        if self.steps:
+            self.steps.pop()
+            self._states.pop()
+
+    def force(self, word: str | int) -> StepView:
+        """Replace the last step's word with ``word`` (or force the next one at the start)."""
+        self.back()
+        return self.step(force=word)
+
+    def run(self) -> list[StepView]:
+        """Step until <end> or the length cap."""
+        while not self.done:
+            self.step()
+        return self.steps
+
+    def _token(self, word: str | int) -> int:
+        if isinstance(word, int):
+            if not 0 <= word < len(self.vocab):
+                raise SatError(f"Token id {word} is outside the vocabulary of {len(self.vocab)} words.")
+            return word
+        if word not in self.vocab.stoi:
+            raise SatError(f"{word!r} is not in the model's vocabulary; pick one of the listed words.")
+        return self.vocab.stoi[word]
+
+
+@dataclass
+class ScoredCaption:
+    words: list[str]  # as scored, unknown words shown as <unk>
+    tokens: list[int]  # ids incl. the final <end>
+    logprobs: np.ndarray  # (T,) log p(y_t | a, y_<t), the last one for <end>
+    alphas: np.ndarray  # (T, L)
+    betas: np.ndarray  # (T,)
+    grid: tuple[int, int]
+    unknown: list[str]  # words of the input that are not in the vocabulary
+
+    @property
+    def logprob(self) -> float:
+        return float(self.logprobs.sum())
+
+
+@torch.no_grad()
+def score_caption(
+    model: Captioner, vocab: Vocab, image: torch.Tensor, caption: str | Sequence[str] | Sequence[int]
+) -> ScoredCaption:
+    """Teacher forcing: per-token log-probabilities, α and β of a given caption (<end> appended)."""
+    if isinstance(caption, str):
+        caption = caption.lower().split()
+    caption = list(caption)
+    if caption and isinstance(caption[0], (int, np.integer)):
+        ids = [int(i) for i in caption if int(i) not in (vocab.start_id, vocab.end_id)]
+        words, unknown = [vocab.itos[i] for i in ids], []
+    else:
+        ids = vocab.encode(caption, add_specials=False)
+        words = [vocab.itos[i] for i in ids]
+        unknown = [w for w in caption if w not in vocab.stoi]
+    if not ids:
+        raise SatError("The caption to score is empty; type at least one word.")
+    model.eval()
+    device = next(model.parameters()).device
+    feats, grid = _encode(model, _as_batch(image).to(device))
+    prep, h, c = model.decoder.prepare(feats)
+    tokens = ids + [vocab.end_id]
+    prev, logps, alphas, betas = vocab.start_id, [], [], []
+    for tok in tokens:
+        out = model.decoder.step(torch.tensor([prev], device=device), h, c, prep)
+        h, c = out.h, out.c
+        logps.append(float(_log_probs(out.logits, [])[0, tok]))
+        alphas.append(out.alpha[0].float().cpu().numpy())
+        betas.append(float(out.beta[0]))
+        prev = tok
+    return ScoredCaption(words, tokens, np.array(logps), np.stack(alphas), np.array(betas), grid, unknown)
+
+
+def sample_hard(
+    model: Captioner,
+    vocab: Vocab,
+    image: torch.Tensor,
+    n: int,
+    *,
+    seed: int = 0,
+    cfg: DecodeConfig | None = None,
+) -> list[Hypothesis]:
+    """N seeded samples of the location sequence s̃ ~ Multinoulli(α) for one image, greedy words."""
+    if not model.hard:
+        raise SatError("Sampling locations needs a hard-attention checkpoint; this one uses soft attention.")
+    cfg = DecodeConfig(**{**(cfg or DecodeConfig()).to_dict(), "beam_size": 1, "hard_mode": "sample", "seed": seed})
+    with torch.no_grad():
+        feats, _ = _encode(model.eval(), _as_batch(image).to(next(model.parameters()).device))
+    feats = feats.expand(n, -1, -1)  # (n, L, D): one encoder pass shared by all samples
+    return [hyps[0] for hyps in beam_search(model, feats, vocab, cfg)]

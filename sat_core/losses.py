@@ -1,0 +1,95 @@
+"""Training objectives: cross-entropy, the doubly stochastic penalty, and hard attention's REINFORCE terms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from sat_core.config import HardAttentionConfig
+
+
+def token_nll(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """−log p(y_t | a, y_<t) per real token, 0 on pads: (B, T)."""
+    nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, T)
+    return nll * mask
+
+
+def doubly_stochastic(alphas: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ_i (1 − Σ_t α_ti)² per example, summing α over real (non-pad) steps only: (B,)."""
+    coverage = (alphas * mask.unsqueeze(2)).sum(dim=1)  # (B, L)
+    return ((1.0 - coverage) ** 2).sum(dim=1)
+
+
+def attention_entropy(alphas: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """H[α_t] summed over real steps: (B,)."""
+    h = -(alphas * torch.log(alphas.clamp_min(1e-12))).sum(dim=2)  # (B, T)
+    return (h * mask).sum(dim=1)
+
+
+class MovingBaseline:
+    """b_k = decay · b_{k−1} + (1 − decay) · mean log p(y | s̃_k, a); starts at the first reward."""
+
+    def __init__(self, decay: float = 0.9, value: float | None = None) -> None:
+        self.decay = decay
+        self.value = value
+
+    def update(self, rewards: torch.Tensor) -> float:
+        r = float(rewards.mean())
+        self.value = r if self.value is None else self.decay * self.value + (1 - self.decay) * r
+        return self.value
+
+
+@dataclass
+class LossParts:
+    total: torch.Tensor
+    nll: float  # mean −log p per token
+    dsa: float  # mean doubly stochastic penalty per example
+    reinforce: float
+    entropy: float
+    tokens: int
+
+
+def caption_loss(
+    out,
+    targets: torch.Tensor,
+    *,
+    dsa_lambda: float,
+    hard: HardAttentionConfig | None = None,
+    baseline: MovingBaseline | None = None,
+) -> LossParts:
+    """The loss to minimise for soft (L_d) or hard (−L_s surrogate) attention.
+
+    Soft: mean token NLL + λ · mean doubly stochastic penalty.
+    Hard: mean token NLL (∂ log p(y|s̃,a)) − λ_r · (R − b) · log p(s̃|a) − λ_e · H[s̃], where the reward R
+    is the example's mean per-token log p(y | s̃, a) (per token, so captions of different lengths share
+    one baseline) and the REINFORCE and entropy terms apply to the examples that sampled locations.
+    """
+    mask = (targets != 0).float()  # (B, T); <pad> = 0
+    tokens = mask.sum().clamp_min(1)
+    nll_tok = token_nll(out.logits, targets, mask)  # (B, T)
+    loss = nll_tok.sum() / tokens
+    dsa = doubly_stochastic(out.alphas, mask)  # (B,)
+    if dsa_lambda:
+        loss = loss + dsa_lambda * dsa.mean()
+    rf_value = ent_value = 0.0
+    if hard is not None and bool(out.sampled.any()):
+        rows = out.sampled
+        reward = -(nll_tok.sum(1) / mask.sum(1).clamp_min(1)).detach()  # (B,) mean log p per token
+        b = reward[rows].mean() if baseline is None or baseline.value is None else baseline.value
+        advantage = (reward - b) if hard.baseline else reward  # (B,)
+        log_p_s = (out.log_p_loc * mask).sum(1)  # (B,) log p(s̃ | a)
+        entropy = attention_entropy(out.alphas, mask)  # (B,)
+        n = rows.sum()
+        if hard.reinforce:
+            rf = -(hard.reinforce_weight * advantage * log_p_s)[rows].sum() / n
+            loss = loss + rf
+            rf_value = float(rf)
+        if hard.entropy_weight:
+            ent = entropy[rows].sum() / n
+            loss = loss - hard.entropy_weight * ent
+            ent_value = float(ent)
+        if baseline is not None and hard.baseline:
+            baseline.update(reward[rows])
+    return LossParts(loss, float(nll_tok.sum() / tokens), float(dsa.mean()), rf_value, ent_value, int(tokens))

@@ -1,0 +1,86 @@
+"""Captioner = Encoder + Decoder, with the teacher-forced forward pass used for training."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from sat_core.config import ModelConfig
+from sat_core.errors import SatError
+from sat_core.models.decoder import Decoder
+from sat_core.models.encoder import Encoder
+
+
+@dataclass
+class TeacherForced:
+    logits: torch.Tensor  # (B, T, V) predictions for captions[:, 1:]
+    alphas: torch.Tensor  # (B, T, L)
+    betas: torch.Tensor  # (B, T)
+    log_p_loc: torch.Tensor  # (B, T) log p(s_t | a) of sampled locations (hard), else 0
+    sampled: torch.Tensor  # (B,) bool: rows trained with sampled locations (hard attention)
+
+
+class Captioner(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.vocab_size <= 4:
+            raise SatError("ModelConfig.vocab_size must be set from the vocabulary before building.")
+        self.config = config
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+        self.grid: tuple[int, int] | None = None
+
+    @property
+    def hard(self) -> bool:
+        return self.decoder.hard
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """Annotations (B, L, D); the grid shape is kept in ``self.grid``."""
+        feats, self.grid = self.encoder(images)
+        return feats
+
+    def forward(
+        self,
+        images: torch.Tensor | None,
+        captions: torch.Tensor,
+        *,
+        feats: torch.Tensor | None = None,
+        image_index: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> TeacherForced:
+        """Teacher forcing over captions (B, T+1) = <start> w_1 … <end> [<pad>…].
+
+        ``image_index`` (B,) maps captions to rows of ``images`` so the captions of one image share
+        one encoder pass. Hard attention in training mode samples locations for a random half of the
+        examples (``mix_soft_prob``) and uses the expectation α for the rest, as in the paper.
+        """
+        if feats is None:
+            feats = self.encode(images)  # (U, L, D)
+        prep, h, c = self.decoder.prepare(feats)  # per unique image: (U, L, A), (U, n)
+        if image_index is not None:
+            prep, h, c = prep.index(image_index), h[image_index], c[image_index]  # (B, …)
+        B, T = captions.shape[0], captions.shape[1] - 1
+        sample = None
+        if self.hard and self.training:
+            p = self.config.hard.mix_soft_prob
+            draw = torch.rand(B, generator=generator, device="cpu" if generator is None else generator.device)
+            sample = (draw >= p).to(captions.device)  # (B,)
+        logits, alphas, betas, log_p = [], [], [], []
+        for t in range(T):
+            out = self.decoder.step(captions[:, t], h, c, prep, sample=sample, generator=generator)
+            h, c = out.h, out.c
+            logits.append(out.logits)
+            alphas.append(out.alpha)
+            betas.append(out.beta)
+            log_p.append(out.log_p_loc)
+        if sample is None:
+            sample = torch.zeros(B, dtype=torch.bool, device=captions.device)
+        return TeacherForced(
+            torch.stack(logits, 1),  # (B, T, V)
+            torch.stack(alphas, 1),  # (B, T, L)
+            torch.stack(betas, 1),  # (B, T)
+            torch.stack(log_p, 1),  # (B, T)
+            sample,
+        )

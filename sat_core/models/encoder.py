@@ -1,0 +1,105 @@
+"""CNN encoders: an image batch -> a grid of annotation vectors a_1..a_L (PAPER.md: "Notation").
+
+``small`` is trained from scratch on the embedded synthetic world; ``vgg19`` is the paper's encoder
+(conv5_4 before the last pool: 14×14×512 at 224 px); ``resnet101`` reports its true 7×7×2048 grid at
+224 px (never upsampled). Pretrained ImageNet weights come from the local torch cache only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from sat_core.config import ModelConfig
+from sat_core.errors import SatError
+
+FEATURE_DIMS = {"vgg19": 512, "resnet101": 2048}
+STRIDES = {"vgg19": 16, "resnet101": 32}
+
+
+class SmallCNN(nn.Module):
+    """Stride-2 stages of two 3×3 convs each: 112 px -> 14×14 with three stages."""
+
+    def __init__(self, channels: tuple[int, ...]) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        c_in = 3
+        for c_out in channels:
+            layers += [
+                nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False),
+                nn.BatchNorm2d(c_out),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(c_out, c_out, 3, padding=1, bias=False),
+                nn.BatchNorm2d(c_out),
+                nn.ReLU(inplace=True),
+            ]
+            c_in = c_out
+        self.body = nn.Sequential(*layers)
+        self.stride = 2 ** len(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)  # (B, D, H/stride, W/stride)
+
+
+def _pretrained_weights(name: str):
+    """The torchvision ImageNet weights enum, only if its file is already in the torch cache."""
+    import torchvision.models as tvm
+
+    weights = {"vgg19": tvm.VGG19_Weights, "resnet101": tvm.ResNet101_Weights}[name].IMAGENET1K_V1
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
+    if not cached.is_file():
+        raise SatError(
+            f"Pretrained {name} weights are not in the local torch cache ({cached}), and this machine "
+            f"cannot download them. On a machine with internet, download {weights.url} and copy the file "
+            f"to {cached} (or set TORCH_HOME to a folder holding checkpoints/{cached.name}); "
+            "or train without --pretrained."
+        )
+    return weights
+
+
+def _torchvision_body(name: str, pretrained: bool) -> nn.Module:
+    import torchvision.models as tvm
+
+    weights = _pretrained_weights(name) if pretrained else None
+    if name == "vgg19":
+        # features[-1] is the last max-pool: dropping it leaves conv5_4 + ReLU (14×14 at 224 px).
+        return tvm.vgg19(weights=weights).features[:-1]
+    net = tvm.resnet101(weights=weights)
+    return nn.Sequential(*list(net.children())[:-2])  # drop avgpool and fc
+
+
+class Encoder(nn.Module):
+    """Images (B, 3, H, W) -> annotations (B, L, D) in row-major grid order."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.encoder == "small":
+            self.body = SmallCNN(config.small_channels)
+            self.stride = self.body.stride
+            self.feature_dim = config.small_channels[-1]
+        else:
+            self.body = _torchvision_body(config.encoder, config.pretrained)
+            self.stride = STRIDES[config.encoder]
+            self.feature_dim = FEATURE_DIMS[config.encoder]
+        if self.feature_dim != config.feature_dim:
+            raise SatError(
+                f"feature_dim {config.feature_dim} does not match the {config.encoder} encoder's "
+                f"{self.feature_dim}; set feature_dim={self.feature_dim}."
+            )
+        self.trainable = config.finetune_encoder or config.encoder == "small"
+        if not self.trainable:
+            self.body.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> "Encoder":
+        # A frozen encoder keeps its batch-norm statistics: stay in eval mode.
+        super().train(mode and self.trainable)
+        return self
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Return the annotations (B, L, D) and the true grid shape (gh, gw)."""
+        with torch.set_grad_enabled(self.trainable and torch.is_grad_enabled()):
+            fmap = self.body(images)  # (B, D, gh, gw)
+        grid = (fmap.shape[2], fmap.shape[3])
+        return fmap.flatten(2).transpose(1, 2), grid  # (B, L, D)
