@@ -20,7 +20,9 @@ REFS = {
     "img0": ["a dog runs across the green grass", "a brown dog running on grass", "the dog is running in a field"],
     "img1": ["a man rides a red bicycle down the street", "a person riding a bike", "a cyclist on a city road"],
     "img2": ["two cats sleep on a sofa", "a pair of cats lying on a couch", "cats resting on the sofa"],
-    "img3": ["a plate of food with rice and vegetables", "a meal on a white plate", "rice and greens on a dish"],
+    "img3": [
+        "a plate of food with rice and vegetables", "a meal on a white plate", "rice and greens on a dish"
+    ],
     "img4": ["a red bus parked by the road", "a double decker bus on the street", "a bus waiting at a stop"],
     "img5": ["a child flying a kite on the beach", "a kid with a kite near the sea", "a small boy plays with a kite"],
 }
