@@ -1,0 +1,466 @@
+"""Karpathy-format caption datasets and length-bucketed batches.
+
+Flow: ``load_karpathy`` reads the split JSON -> ``build_vocab`` counts the train split ->
+``ImageStore`` decodes every image once (through ``sat_core.images``) into a uint8 cache ->
+``CaptionDataset`` has one item per caption -> ``make_loader`` batches captions of equal length
+(the paper's bucketing), so no step or loss is spent on padding, and each image of a batch is
+encoded once however many of its captions the batch holds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import re
+import sys
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from sat_core.config import PreprocessConfig
+from sat_core.errors import DatasetError, ImageError
+from sat_core.images import load_image, preprocess
+from sat_core.vocab import Vocab
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val", "test")
+
+
+# ----------------------------------------------------------------------------- the JSON file
+
+
+@dataclass
+class ImageRecord:
+    """One image of a Karpathy split file; its position in ``KarpathyData.images`` is its index."""
+
+    path: Path
+    split: str  # train | val | test ("restval" folded into train unless asked otherwise)
+    sentences: list[list[str]]  # lowercased tokens, one list per caption
+    raw: list[str]
+    id: int  # cocoid, else imgid, else the position in the file
+    karpathy_split: str  # the split as written in the file
+    objects: list[Any] | None = None  # synthetic world only: the scene's objects
+    links: list[Any] | None = None  # synthetic world only: per-sentence word -> object links
+
+
+@dataclass
+class KarpathyData:
+    """A parsed split file: ``images`` in file order, plus where it came from."""
+
+    images: list[ImageRecord]
+    json_path: Path
+    images_dir: Path
+    split_counts: dict[str, int] = field(default_factory=dict)
+
+    def split(self, name: str) -> list[int]:
+        """Indices of the images in split ``name``; a DatasetError if it has none."""
+        indices = [i for i, rec in enumerate(self.images) if rec.split == name]
+        if not indices:
+            present = ", ".join(f"{k} ({v})" for k, v in sorted(self.split_counts.items()))
+            raise DatasetError(
+                f"Split {name!r} of {self.json_path} has no images (splits present: {present or 'none'}). "
+                f"Pick one of those splits, or add images with \"split\": \"{name}\" to the file."
+            )
+        return indices
+
+
+def load_karpathy(
+    json_path: str | Path, images_dir: str | Path, *, restval_as_train: bool = True
+) -> KarpathyData:
+    """Read a Karpathy-split JSON (dataset_flickr8k/30k/coco.json or the synthetic world's)."""
+    json_path, images_dir = Path(json_path), Path(images_dir)
+    doc = _read_json(json_path)
+    if not images_dir.is_dir():
+        raise DatasetError(
+            f"The images folder {images_dir} does not exist. Pass the folder holding the dataset's "
+            f"images (for COCO the one containing train2014/ and val2014/)."
+        )
+    entries = doc.get("images") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise DatasetError(
+            f"{json_path} has no \"images\" list; it is not a Karpathy split file. Use "
+            f"dataset_flickr8k.json / dataset_flickr30k.json / dataset_coco.json or the world's dataset.json."
+        )
+    images = [_parse_entry(e, i, json_path, images_dir, restval_as_train) for i, e in enumerate(entries)]
+    if not images:
+        raise DatasetError(f"{json_path} lists no images; regenerate or re-download it.")
+    return KarpathyData(images, json_path, images_dir, dict(Counter(r.split for r in images)))
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise DatasetError(
+            f"The dataset file {path} does not exist. Download Karpathy's splits (dataset_flickr8k.json, "
+            f"...) or generate the synthetic world with `python -m sat_core.world`, then pass its path."
+        )
+    try:
+        with path.open(encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DatasetError(
+            f"The dataset file {path} is not valid JSON ({exc}). Re-download or regenerate it."
+        ) from exc
+
+
+def _parse_entry(
+    entry: Any, pos: int, json_path: Path, images_dir: Path, restval_as_train: bool
+) -> ImageRecord:
+    where = f"Image entry #{pos} of {json_path}"
+    if not isinstance(entry, dict) or not isinstance(entry.get("filename"), str):
+        raise DatasetError(f"{where} has no \"filename\"; every entry needs one. Fix or regenerate the file.")
+    where += f" ({entry['filename']})"
+    sents = entry.get("sentences")
+    if not isinstance(sents, list) or not sents:
+        raise DatasetError(
+            f"{where} has no sentences; every image needs a non-empty \"sentences\" list of "
+            f"{{\"tokens\": [...]}}. Remove the entry or add its captions."
+        )
+    split = entry.get("split")
+    if split not in (*SPLITS, "restval"):
+        raise DatasetError(f"{where} has split {split!r}; use train, val, test or restval.")
+    tokens = [_tokens(s, where) for s in sents]
+    links = [s.get("links") for s in sents] if any("links" in s for s in sents) else None
+    return ImageRecord(
+        path=_image_path(images_dir, entry),
+        split="train" if split == "restval" and restval_as_train else split,
+        sentences=tokens,
+        raw=[str(s.get("raw", " ".join(t))) for s, t in zip(sents, tokens)],
+        id=int(entry.get("cocoid", entry.get("imgid", pos))),
+        karpathy_split=split,
+        objects=entry.get("objects"),
+        links=links,
+    )
+
+
+def _tokens(sentence: Any, where: str) -> list[str]:
+    """Lowercased tokens; from "raw" (words only) when a sentence has no "tokens"."""
+    if isinstance(sentence, dict) and isinstance(sentence.get("tokens"), list):
+        toks = [str(t).lower() for t in sentence["tokens"]]
+    elif isinstance(sentence, dict) and isinstance(sentence.get("raw"), str):
+        toks = re.findall(r"[a-z0-9']+", sentence["raw"].lower())
+    else:
+        raise DatasetError(f"{where} has a sentence without \"tokens\" or \"raw\"; fix or regenerate it.")
+    if not toks:
+        raise DatasetError(f"{where} has an empty sentence; remove it or give it words.")
+    return toks
+
+
+def _image_path(images_dir: Path, entry: dict[str, Any]) -> Path:
+    # COCO keeps images in train2014/ val2014/; Flickr files put them all in one folder.
+    if entry.get("filepath"):
+        nested = images_dir / str(entry["filepath"]) / entry["filename"]
+        if nested.is_file():
+            return nested
+    return images_dir / entry["filename"]
+
+
+def build_vocab(data: KarpathyData, *, min_count: int = 5, max_size: int = 10_000) -> Vocab:
+    """The vocabulary of the train split only (val/test words must not leak into it)."""
+    sentences = [s for i in data.split("train") for s in data.images[i].sentences]
+    return Vocab.build(sentences, min_count=min_count, max_size=max_size)
+
+
+# ----------------------------------------------------------------------------- decoded images
+
+
+def normalise(images: torch.Tensor, cfg: PreprocessConfig) -> torch.Tensor:
+    """uint8 (B,3,S,S) from the cache -> the encoder's float input, normalised like ``preprocess``."""
+    mean = torch.tensor(cfg.mean, dtype=torch.float32, device=images.device).view(1, 3, 1, 1)
+    std = torch.tensor(cfg.std, dtype=torch.float32, device=images.device).view(1, 3, 1, 1)
+    return (images.float() / 255.0 - mean) / std  # (B, 3, S, S)
+
+
+def _to_uint8(tensor: torch.Tensor, cfg: PreprocessConfig) -> torch.Tensor:
+    """Undo ``preprocess``'s normalisation: uint8 takes a quarter of float32's memory."""
+    mean = torch.tensor(cfg.mean, dtype=torch.float32).view(3, 1, 1)
+    std = torch.tensor(cfg.std, dtype=torch.float32).view(3, 1, 1)
+    pixels = (tensor.float() * std + mean) * 255.0  # (3, S, S)
+    return pixels.round_().clamp_(0, 255).to(torch.uint8)
+
+
+class ImageStore:
+    """Every image of the chosen splits decoded once, resized and cropped, kept as uint8.
+
+    ``store.get(index)`` gives the (3,S,S) uint8 image of ``data.images[index]``; images that
+    cannot be read are left out, logged, and listed in ``store.skipped`` as (path, reason).
+    Memory is 3·S² bytes an image (COCO's 123k images at S=224: 18 GB): pass ``splits`` to
+    decode only what a run needs.
+    """
+
+    def __init__(
+        self,
+        data: KarpathyData,
+        cfg: PreprocessConfig,
+        *,
+        splits: Sequence[str] | None = None,
+        workers: int = 2,
+        progress: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.skipped: list[tuple[Path, str]] = []
+        wanted = [i for i, rec in enumerate(data.images) if splits is None or rec.split in splits]
+        paths = [data.images[i].path for i in wanted]
+        pixels, kept = self._decode_all(paths, workers, progress)
+        self.images = pixels if len(kept) == len(wanted) else pixels[kept]  # (N', 3, S, S)
+        self.row_of: dict[int, int] = {wanted[r]: j for j, r in enumerate(kept)}
+
+    def _decode_all(self, paths: list[Path], workers: int, progress: bool) -> tuple[torch.Tensor, list[int]]:
+        """Decode into one preallocated uint8 tensor; returns it and the rows that succeeded."""
+        size = self.cfg.image_size
+        pixels = torch.empty((len(paths), 3, size, size), dtype=torch.uint8)  # (N, 3, S, S)
+        kept: list[int] = []
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            results = _progress(pool.map(self._decode, paths), len(paths), progress)
+            for row, (path, (image, reason)) in enumerate(zip(paths, results)):
+                if image is None:
+                    log.warning("Skipping image %s: %s", path, reason)
+                    self.skipped.append((path, reason))
+                    continue
+                pixels[row] = image
+                kept.append(row)
+        if self.skipped:
+            log.warning("%d of %d images could not be read; their captions are dropped.",
+                        len(self.skipped), len(paths))
+        return pixels, kept
+
+    def _decode(self, path: Path) -> tuple[torch.Tensor | None, str]:
+        try:
+            tensor, _crop = preprocess(load_image(path), self.cfg)  # (3, S, S) float
+        except ImageError as exc:
+            return None, str(exc)
+        return _to_uint8(tensor, self.cfg), ""
+
+    def __contains__(self, index: int) -> bool:
+        return index in self.row_of
+
+    def __len__(self) -> int:
+        return len(self.row_of)
+
+    def get(self, index: int) -> torch.Tensor:
+        """The uint8 (3,S,S) image of ``data.images[index]`` (a view, not a copy)."""
+        return self.images[self.row_of[index]]
+
+    def batch(self, indices: Sequence[int]) -> torch.Tensor:
+        """uint8 (U,3,S,S) for these image indices."""
+        return self.images[[self.row_of[i] for i in indices]]  # (U, 3, S, S)
+
+
+def _progress(items: Any, total: int, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(items, total=total, desc="decoding images", unit="img",
+                disable=not enabled or not sys.stderr.isatty())
+
+
+# ----------------------------------------------------------------------------- captions
+
+
+class CaptionItem(NamedTuple):
+    image_index: int
+    tokens: torch.Tensor  # (T,) long, <start> … <end>
+    image: torch.Tensor  # (3, S, S) uint8
+
+
+class CaptionDataset(Dataset):
+    """One item per caption of ``split`` whose image is in the store.
+
+    ``max_len`` truncates captions to that many words (then <end>); references stay whole.
+    """
+
+    def __init__(
+        self, data: KarpathyData, split: str, vocab: Vocab, store: ImageStore, *, max_len: int | None = None
+    ) -> None:
+        self.data, self.split, self.vocab, self.store = data, split, vocab, store
+        self.image_ids: list[int] = [i for i in data.split(split) if i in store]
+        if not self.image_ids:
+            raise DatasetError(
+                f"None of the images of split {split!r} could be read (see the warnings above); "
+                f"check the images folder {data.images_dir}."
+            )
+        self.captions: list[tuple[int, list[int]]] = []
+        for i in self.image_ids:
+            for words in data.images[i].sentences:
+                words = words if max_len is None else words[:max_len]
+                self.captions.append((i, vocab.encode(words)))
+        self.lengths: list[int] = [len(ids) for _, ids in self.captions]
+
+    def __len__(self) -> int:
+        return len(self.captions)
+
+    def __getitem__(self, k: int) -> CaptionItem:
+        index, ids = self.captions[k]
+        return CaptionItem(index, torch.tensor(ids, dtype=torch.long), self.store.get(index))
+
+    def references(self, image_index: int) -> list[list[str]]:
+        """All captions of an image as lowercased tokens (for BLEU/CIDEr)."""
+        return [list(s) for s in self.data.images[image_index].sentences]
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+class BucketBatchSampler(Sampler[list[int]]):
+    """Batches of captions of equal length, reshuffled each epoch, optionally sharded for DDP.
+
+    Order depends only on (seed, epoch), so every rank computes the same batches and takes
+    ``batches[rank::num_replicas]``. To give ranks equal step counts without repeats, the largest
+    batches are halved until the count divides evenly (``drop_last`` drops the surplus instead,
+    and drops each bucket's partial batch). Only when every batch has one caption are batches repeated.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ) -> None:
+        if batch_size < 1:
+            raise DatasetError(f"batch_size must be at least 1, not {batch_size}.")
+        if not 0 <= rank < num_replicas:
+            raise DatasetError(f"rank must be in [0, {num_replicas}), not {rank}.")
+        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
+        self.num_replicas, self.rank, self.epoch = num_replicas, rank, 0
+        buckets: dict[int, list[int]] = {}
+        for k, n in enumerate(lengths):
+            buckets.setdefault(int(n), []).append(k)
+        self.buckets = [buckets[n] for n in sorted(buckets)]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Call before each epoch for a new (but reproducible) order."""
+        self.epoch = epoch
+
+    def _total(self) -> int:
+        if self.drop_last:
+            return sum(len(b) // self.batch_size for b in self.buckets)
+        return sum(math.ceil(len(b) / self.batch_size) for b in self.buckets)
+
+    def __len__(self) -> int:
+        total, r = self._total(), self.num_replicas
+        return total // r if self.drop_last else math.ceil(total / r)
+
+    def batches(self) -> list[list[int]]:
+        """This epoch's batches over all ranks, in order."""
+        # A string seed is hashed with sha512: the same on every process, unlike hash().
+        rng = random.Random(f"bucket-sampler:{self.seed}:{self.epoch}")
+        batches: list[list[int]] = []
+        for bucket in self.buckets:
+            bucket = list(bucket)
+            if self.shuffle:
+                rng.shuffle(bucket)
+            for start in range(0, len(bucket), self.batch_size):
+                chunk = bucket[start : start + self.batch_size]
+                if len(chunk) == self.batch_size or not self.drop_last:
+                    batches.append(chunk)
+        if self.shuffle:
+            rng.shuffle(batches)
+        return self._balance(batches)
+
+    def _balance(self, batches: list[list[int]]) -> list[list[int]]:
+        r = self.num_replicas
+        if self.drop_last:
+            return batches[: len(batches) - len(batches) % r]
+        while len(batches) % r:
+            k = max(range(len(batches)), key=lambda j: len(batches[j]))
+            if len(batches[k]) < 2:  # nothing left to split: repeat, as DistributedSampler does
+                batches += batches[: r - len(batches) % r]
+                break
+            half = len(batches[k]) // 2
+            batches[k : k + 1] = [batches[k][:half], batches[k][half:]]
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self.batches()[self.rank :: self.num_replicas]
+
+
+@dataclass
+class Batch:
+    """Captions of one length plus the unique images they describe (one encoder pass each)."""
+
+    images: torch.Tensor  # (U, 3, S, S) uint8; normalise() before the encoder
+    image_index: torch.Tensor  # (B,) long: row of ``images`` for each caption
+    captions: torch.Tensor  # (B, T) long, <start> … <end>
+    lengths: torch.Tensor  # (B,) long
+    image_ids: list[int]  # (U,) dataset image index of each row of ``images``
+
+    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> "Batch":
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return Batch(move(self.images), move(self.image_index), move(self.captions), move(self.lengths),
+                     list(self.image_ids))
+
+
+def collate(items: Sequence[CaptionItem]) -> Batch:
+    """Stack captions; keep each image once. Pads with <pad> only if lengths differ."""
+    rows: dict[int, int] = {}
+    images = []
+    for item in items:
+        if item.image_index not in rows:
+            rows[item.image_index] = len(images)
+            images.append(item.image)
+    lengths = torch.tensor([len(item.tokens) for item in items], dtype=torch.long)  # (B,)
+    captions = torch.full((len(items), int(lengths.max())), Vocab.pad_id, dtype=torch.long)  # (B, T)
+    for b, item in enumerate(items):
+        captions[b, : len(item.tokens)] = item.tokens
+    return Batch(
+        images=torch.stack(images),  # (U, 3, S, S)
+        image_index=torch.tensor([rows[item.image_index] for item in items], dtype=torch.long),  # (B,)
+        captions=captions,
+        lengths=lengths,
+        image_ids=list(rows),
+    )
+
+
+def make_loader(
+    dataset: CaptionDataset,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    seed: int = 0,
+    num_replicas: int = 1,
+    rank: int = 0,
+    drop_last: bool = False,
+) -> DataLoader:
+    """Length-bucketed DataLoader; call ``loader.batch_sampler.set_epoch(e)`` each epoch."""
+    sampler = BucketBatchSampler(dataset.lengths, batch_size, shuffle=shuffle, seed=seed,
+                                 drop_last=drop_last, num_replicas=num_replicas, rank=rank)
+    # Images are already decoded in memory: worker processes would only copy them.
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=0)
+
+
+class EvalImages:
+    """The unique readable images of a split in batches, for free-running decoding.
+
+    Iterating yields (image indices, uint8 (U,3,S,S)); normalise() before the encoder.
+    """
+
+    def __init__(self, data: KarpathyData, split: str, store: ImageStore, *, batch_size: int = 32) -> None:
+        self.data, self.split, self.store, self.batch_size = data, split, store, batch_size
+        self.image_ids: list[int] = [i for i in data.split(split) if i in store]
+        if not self.image_ids:
+            raise DatasetError(
+                f"None of the images of split {split!r} could be read; check {data.images_dir}."
+            )
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.image_ids) / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[list[int], torch.Tensor]]:
+        for start in range(0, len(self.image_ids), self.batch_size):
+            ids = self.image_ids[start : start + self.batch_size]
+            yield ids, self.store.batch(ids)  # (U, 3, S, S)
+
+    def references(self, image_index: int) -> list[list[str]]:
+        return [list(s) for s in self.data.images[image_index].sentences]
