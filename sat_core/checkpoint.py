@@ -1,0 +1,547 @@
+"""Save and load checkpoints as safetensors weights + JSON config. Nothing here ever unpickles.
+
+A checkpoint is a directory::
+
+    model.safetensors   the state dict (fp32, or fp16 to ship small files)
+    config.json         {"format": "sat-explorer/1", "model", "vocab", "preprocess", "training", "metrics"}
+    metrics.json        optional, written by evaluation
+    MODEL_CARD.md       optional
+
+Every write goes to a temporary name next to the target, is fsynced, then renamed into place, so a
+crash never leaves a half-written file under the final name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import tempfile
+import uuid
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from sat_core.config import ModelConfig, PreprocessConfig
+from sat_core.errors import CheckpointError, SatError
+from sat_core.vocab import Vocab
+
+FORMAT = "sat-explorer/1"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.json"
+CARD_FILE = "MODEL_CARD.md"
+CHECKPOINT_FILES = (WEIGHTS_FILE, CONFIG_FILE, METRICS_FILE, CARD_FILE)
+PICKLE_SUFFIXES = {".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt"}
+
+
+# ---- atomic writes -------------------------------------------------------------------------------
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable: fsync the directory entry (a no-op where the OS cannot)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, write: Any) -> Path:
+    """Call ``write(tmp_path)``, fsync, then rename over ``path``; the temp file never survives."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        write(tmp)
+        _fsync_file(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    text = json.dumps(obj, indent=2) + "\n"  # serialise first: a TypeError must not touch the disk
+    return _atomic_write(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def _storable(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached, contiguous CPU tensors, none sharing memory (safetensors refuses shared storage)."""
+    out, seen = {}, set()
+    for key, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{key!r} is a {type(tensor).__name__}, not a tensor")
+        tensor = tensor.detach().to("cpu").contiguous()
+        ptr = tensor.untyped_storage().data_ptr()
+        if tensor.numel() and ptr in seen:
+            tensor = tensor.clone()  # tied weights: store each name separately
+        seen.add(ptr)
+        out[key] = tensor
+    return out
+
+
+def save_tensors_atomic(
+    path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> Path:
+    """Write ``tensors`` to a .safetensors file atomically (metadata: str -> str)."""
+    from safetensors.torch import save_file
+
+    storable = _storable(tensors)
+    return _atomic_write(Path(path), lambda tmp: save_file(storable, str(tmp), metadata=metadata))
+
+
+def read_tensors(path: str | Path, *, device: str = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Read a .safetensors file; a missing, truncated or corrupt file raises CheckpointError."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"The weights file {str(path)!r} does not exist.")
+    try:
+        with safe_open(str(path), framework="pt", device=str(device)) as handle:
+            metadata = dict(handle.metadata() or {})
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    except Exception as exc:  # safetensors raises SafetensorError / OSError with terse texts
+        raise CheckpointError(
+            f"The weights file {str(path)!r} is truncated or corrupt and cannot be read as safetensors "
+            f"({exc}). Copy or download the checkpoint again."
+        ) from exc
+    return tensors, metadata
+
+
+# ---- nested state <-> flat tensors + JSON skeleton ------------------------------------------------
+
+def flatten_state(obj: Any) -> tuple[dict[str, torch.Tensor], Any]:
+    """Split a nested structure into flat tensors and a JSON-serialisable skeleton.
+
+    Handles dicts (any hashable JSON-like keys, int keys kept as ints), lists, tuples, tensors,
+    numpy arrays and scalars, Python numbers, strings, bools and None. ``unflatten_state`` inverts it.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    return tensors, _encode(obj, "state", tensors)
+
+
+def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        key = path if path not in tensors else f"{path}#{len(tensors)}"
+        tensors[key] = obj
+        return {"__tensor__": key}
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject:
+            raise TypeError(f"{path}: numpy arrays of Python objects cannot be stored")
+        raw = torch.from_numpy(np.ascontiguousarray(obj).reshape(-1).view(np.uint8).copy())
+        key = path if path not in tensors else f"{path}#{len(tensors)}"
+        tensors[key] = raw  # raw bytes: exact for every numpy dtype, incl. uint32 RNG keys
+        return {"__ndarray__": key, "dtype": obj.dtype.str, "shape": list(obj.shape)}
+    if isinstance(obj, np.generic):
+        return {"__npscalar__": obj.dtype.str, "value": _encode(obj.item(), path, tensors)}
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else {"__float__": repr(obj)}  # JSON has no nan/inf
+    if isinstance(obj, dict):
+        return {"__dict__": [[_encode(k, f"{path}.key", tensors), _encode(v, f"{path}.{k}", tensors)]
+                             for k, v in obj.items()]}
+    if isinstance(obj, list):
+        return [_encode(v, f"{path}.{i}", tensors) for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v, f"{path}.{i}", tensors) for i, v in enumerate(obj)]}
+    raise TypeError(f"{path}: cannot store a {type(obj).__name__} in a checkpoint")
+
+
+def unflatten_state(tensors: dict[str, torch.Tensor], skeleton: Any) -> Any:
+    """Rebuild the structure ``flatten_state`` split (tensor dtypes and int keys preserved)."""
+    if isinstance(skeleton, list):
+        return [unflatten_state(tensors, v) for v in skeleton]
+    if not isinstance(skeleton, dict):
+        return skeleton
+    if "__tensor__" in skeleton:
+        return tensors[skeleton["__tensor__"]]
+    if "__ndarray__" in skeleton:
+        raw = tensors[skeleton["__ndarray__"]].numpy()
+        return raw.view(np.dtype(skeleton["dtype"])).reshape(skeleton["shape"]).copy()
+    if "__npscalar__" in skeleton:
+        return np.dtype(skeleton["__npscalar__"]).type(unflatten_state(tensors, skeleton["value"]))
+    if "__float__" in skeleton:
+        return float(skeleton["__float__"])
+    if "__tuple__" in skeleton:
+        return tuple(unflatten_state(tensors, v) for v in skeleton["__tuple__"])
+    if "__dict__" in skeleton:
+        return {unflatten_state(tensors, k): unflatten_state(tensors, v) for k, v in skeleton["__dict__"]}
+    raise ValueError(f"Unknown entry in a state skeleton: {sorted(skeleton)}")
+
+
+# ---- saving ---------------------------------------------------------------------------------------
+
+def save_checkpoint(
+    directory: str | Path,
+    model: nn.Module,
+    *,
+    model_config: ModelConfig,
+    vocab: Vocab,
+    preprocess: PreprocessConfig,
+    training: dict[str, Any] | None = None,
+    metrics: dict[str, Any] | None = None,
+    dtype: torch.dtype | None = None,
+    model_card: str | None = None,
+) -> Path:
+    """Write a checkpoint directory atomically, replacing an existing checkpoint there.
+
+    ``dtype=torch.float16`` stores floating tensors in half precision (loading casts them back).
+    """
+    directory = Path(directory)
+    if model_config.vocab_size != len(vocab):
+        raise ValueError(f"model_config.vocab_size={model_config.vocab_size} but the vocabulary has {len(vocab)} words")
+    state = {k: v.to(dtype) if dtype is not None and v.is_floating_point() else v
+             for k, v in model.state_dict().items()}
+    stored = str(dtype or torch.float32).removeprefix("torch.")
+    config = {
+        "format": FORMAT,
+        "model": model_config.to_dict(),
+        "vocab": vocab.to_dict(),
+        "preprocess": preprocess.to_dict(),
+        "training": training or {},
+        "metrics": metrics or {},
+        "weights_dtype": stored,
+    }
+    json.dumps(config)  # fail on a non-JSON value before anything touches the disk
+    _check_replaceable(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
+    try:
+        os.chmod(staging, 0o755)  # mkdtemp makes it private; a checkpoint is meant to be shared
+        save_tensors_atomic(staging / WEIGHTS_FILE, state, {"format": FORMAT, "dtype": stored})
+        write_json_atomic(staging / CONFIG_FILE, config)
+        if metrics:
+            write_json_atomic(staging / METRICS_FILE, metrics)
+        if model_card is not None:
+            _atomic_write(staging / CARD_FILE, lambda tmp: tmp.write_text(model_card, encoding="utf-8"))
+        _fsync_dir(staging)
+        _swap_into_place(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return directory
+
+
+def _check_replaceable(directory: Path) -> None:
+    """Only a missing path, an empty folder or an earlier checkpoint may be replaced."""
+    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
+        raise CheckpointError(f"Cannot save a checkpoint at {str(directory)!r}: a file or link is there. Choose another path.")
+    if directory.is_dir() and any(directory.iterdir()) and not (directory / CONFIG_FILE).is_file():
+        raise CheckpointError(
+            f"Cannot save a checkpoint into {str(directory)!r}: the folder holds other files and no "
+            f"{CONFIG_FILE}, and saving replaces the whole folder. Choose a new or empty folder."
+        )
+
+
+def _swap_into_place(staging: Path, directory: Path) -> None:
+    """Rename the finished staging folder to ``directory``; an old checkpoint is moved away first."""
+    if not directory.exists():
+        os.rename(staging, directory)
+    else:
+        old = directory.parent / f".{directory.name}.{uuid.uuid4().hex[:8]}.old"
+        os.rename(directory, old)
+        try:
+            os.rename(staging, directory)
+        except BaseException:
+            os.rename(old, directory)  # put the previous checkpoint back
+            raise
+        _fsync_dir(directory.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(directory.parent)
+
+
+# ---- reading ------------------------------------------------------------------------------------
+
+def read_checkpoint(path: str | Path, *, device: str = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Read (state dict, config dict) from a checkpoint folder, its model.safetensors or config.json.
+
+    A pickle-based weights file (.pt/.pth/.bin …) is read only with ``torch.load(weights_only=True)``,
+    only when it holds plain tensors and only with a config.json beside it; nothing is ever unpickled
+    in a way that could run code.
+    """
+    weights, config_path = _locate(Path(path))
+    config = _read_config(config_path)
+    if _is_pickle_file(weights):
+        return _read_pickle_weights(weights, device), config
+    return read_tensors(weights, device=device)[0], config
+
+
+def _locate(path: Path) -> tuple[Path, Path]:
+    """The (weights file, config.json) a user path points at, or a CheckpointError saying why not."""
+    if not path.exists():
+        raise CheckpointError(
+            f"No checkpoint at {str(path)!r}: the path does not exist. Give a checkpoint folder "
+            f"(holding {WEIGHTS_FILE} and {CONFIG_FILE}) or the path of its {WEIGHTS_FILE}."
+        )
+    if path.is_dir():
+        missing = [name for name in (WEIGHTS_FILE, CONFIG_FILE) if not (path / name).is_file()]
+        if missing:
+            others = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+            hint = f" It holds {', '.join(others)}: pass that file's path to read it as plain tensors." if others else ""
+            raise CheckpointError(
+                f"{str(path)!r} is not a checkpoint folder: it has no {' and no '.join(missing)}.{hint} "
+                f"A checkpoint folder holds {WEIGHTS_FILE} and {CONFIG_FILE}, as written by training."
+            )
+        return path / WEIGHTS_FILE, path / CONFIG_FILE
+    if path.name == CONFIG_FILE:
+        weights = path.parent / WEIGHTS_FILE
+        if not weights.is_file():
+            raise CheckpointError(f"{str(path)!r} has no {WEIGHTS_FILE} beside it; copy the whole checkpoint folder.")
+        return weights, path
+    if path.suffix != ".safetensors" and not _is_pickle_file(path):
+        raise CheckpointError(
+            f"{str(path)!r} is not a checkpoint: give a checkpoint folder, its {WEIGHTS_FILE} or its {CONFIG_FILE}."
+        )
+    config = path.parent / CONFIG_FILE
+    if not config.is_file():
+        raise CheckpointError(
+            f"{str(path)!r} has no {CONFIG_FILE} beside it: weights alone do not say which model, "
+            "vocabulary and preprocessing they belong to. Copy the whole checkpoint folder."
+        )
+    return path, config
+
+
+def _is_pickle_file(path: Path) -> bool:
+    """Pickle or torch-zip by content, or a pickle-style suffix on anything not safetensors."""
+    with open(path, "rb") as handle:
+        head = handle.read(16)
+    if len(head) >= 9 and head[8:9] == b"{":  # safetensors: u64 header length, then JSON
+        return False
+    if head.startswith(b"PK\x03\x04") or (head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")):
+        return True
+    return path.suffix.lower() in PICKLE_SUFFIXES
+
+
+def _read_pickle_weights(path: Path, device: str) -> dict[str, torch.Tensor]:
+    try:
+        # weights_only=True: the restricted unpickler refuses any global that is not a tensor type,
+        # so a crafted file cannot run code here.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "pickle protocol N" notices
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(
+            f"{str(path)!r} is a pickle-based file that is not plain tensors ({_unpickler_reason(exc)}), "
+            "so it was refused without running it: unpickling it could execute arbitrary code. "
+            f"Convert it to {WEIGHTS_FILE} with the trusted code that wrote it."
+        ) from exc
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+        raise CheckpointError(
+            f"{str(path)!r} does not hold a plain state dict (names -> tensors); "
+            f"convert it to {WEIGHTS_FILE} with the code that wrote it."
+        )
+    return {k: v.to(device) for k, v in obj.items()}
+
+
+def _unpickler_reason(exc: Exception) -> str:
+    """torch's specific complaint, without its advice to retry with weights_only=False."""
+    text = str(exc)
+    _, marker, rest = text.partition("WeightsUnpickler error:")
+    lines = [line.strip() for line in (rest if marker else text).splitlines() if line.strip()]
+    if not marker and lines and "weights_only" in lines[0]:
+        return type(exc).__name__
+    return lines[0][:200] if lines else type(exc).__name__
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(
+            f"{str(path)!r} is not readable JSON ({exc}); the checkpoint's config is damaged. "
+            "Copy the checkpoint folder again."
+        ) from exc
+    found = config.get("format") if isinstance(config, dict) else None
+    if found != FORMAT:
+        raise CheckpointError(
+            f"{str(path)!r} has format {found!r}, not {FORMAT!r}: it is not a SAT Explorer checkpoint "
+            "config (or was written by an incompatible version)."
+        )
+    missing = [k for k in ("model", "vocab", "preprocess") if not isinstance(config.get(k), dict)]
+    if missing:
+        raise CheckpointError(f"{str(path)!r} lacks the section(s) {missing}; the checkpoint's config is damaged.")
+    return config
+
+
+# ---- loading a model ----------------------------------------------------------------------------
+
+@dataclass
+class LoadedCheckpoint:
+    """A ready model in eval mode with everything needed to caption with it."""
+
+    model: nn.Module
+    vocab: Vocab
+    model_config: ModelConfig  # as built: pretrained=False, since the weights came from the file
+    preprocess: PreprocessConfig
+    config: dict[str, Any]  # config.json as stored
+    metrics: dict[str, Any] | None
+    path: Path  # the checkpoint folder
+
+
+def load_checkpoint(
+    path: str | Path, *, device: str | torch.device = "cpu", allowed_roots: Sequence[Path] | None = None
+) -> LoadedCheckpoint:
+    """Build the model a checkpoint describes and fill it with its weights, or raise CheckpointError.
+
+    With ``allowed_roots`` the path is first resolved and refused if it lies outside them.
+    """
+    path = resolve_checkpoint_path(str(path), allowed_roots) if allowed_roots is not None else Path(path)
+    tensors, config = read_checkpoint(path, device="cpu")
+    model_config, vocab, preprocess = _parse_config(config, path)
+    # The weights come from the file: never fetch ImageNet weights for the encoder.
+    model_config = dataclasses.replace(model_config, pretrained=False)
+    try:
+        model = _build_model(model_config)
+    except Exception as exc:
+        raise CheckpointError(f"Cannot build the model described by {str(path)!r}'s config ({exc}).") from exc
+    state = _matching_state(model, tensors, path)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"The weights in {str(path)!r} do not fit the model ({exc}).") from exc
+    model.to(device).eval()
+    folder = path if path.is_dir() else path.parent
+    return LoadedCheckpoint(model, vocab, model_config, preprocess, config, _read_metrics(folder, config), folder)
+
+
+def _build_model(config: ModelConfig) -> nn.Module:
+    from sat_core.models.captioner import Captioner
+
+    return Captioner(config)
+
+
+def _parse_config(config: dict[str, Any], path: Path) -> tuple[ModelConfig, Vocab, PreprocessConfig]:
+    try:
+        model_config = ModelConfig.from_dict(config["model"])
+        vocab = Vocab.from_dict(config["vocab"])
+        preprocess = PreprocessConfig.from_dict(config["preprocess"])
+    except (SatError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"The config of {str(path)!r} is invalid: {exc}") from exc
+    if model_config.vocab_size != len(vocab):
+        raise CheckpointError(
+            f"The config of {str(path)!r} says vocab_size={model_config.vocab_size} but its vocabulary "
+            f"has {len(vocab)} words: the config is inconsistent. Copy the checkpoint folder again."
+        )
+    return model_config, vocab, preprocess
+
+
+def _matching_state(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+    """Check names and shapes against the model, then cast floats to the model's dtypes (fp16 -> fp32)."""
+    expected = model.state_dict()
+    problems = [f"{k} is missing from the file" for k in expected if k not in tensors]
+    problems += [f"{k} is in the file but not in the model" for k in tensors if k not in expected]
+    problems += [
+        f"{k} is {tuple(tensors[k].shape)} in the file but {tuple(v.shape)} in the model"
+        for k, v in expected.items()
+        if k in tensors and tensors[k].shape != v.shape
+    ]
+    if problems:
+        raise CheckpointError(
+            f"The config does not match the weights in {str(path)!r} ({len(problems)} mismatch(es); first: "
+            f"{'; '.join(problems[:4])}). config.json and {WEIGHTS_FILE} must come from the same checkpoint."
+        )
+    return {
+        k: t.to(expected[k].dtype) if t.is_floating_point() and expected[k].is_floating_point() else t
+        for k, t in tensors.items()
+    }
+
+
+def _read_metrics(folder: Path, config: dict[str, Any]) -> dict[str, Any] | None:
+    """metrics.json when present (evaluation may rewrite it later), else the metrics saved in config."""
+    metrics_file = folder / METRICS_FILE
+    if metrics_file.is_file():
+        try:
+            metrics = json.loads(metrics_file.read_text(encoding="utf-8"))
+            if isinstance(metrics, dict):
+                return metrics
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            pass  # damaged metrics must not stop the model from loading
+    return config.get("metrics") or None
+
+
+# ---- paths typed by users -------------------------------------------------------------------------
+
+def resolve_checkpoint_path(user_path: str, allowed_roots: Sequence[Path]) -> Path:
+    """Resolve a typed path (symlinks and '..' followed) and refuse it unless inside an allowed root.
+
+    A relative path is tried against the working directory, then against each root.
+    """
+    roots = [Path(r).expanduser().resolve() for r in allowed_roots]
+    where = ", ".join(str(r) for r in roots) or "(none configured)"
+    text = (user_path or "").strip()
+    if not text:
+        raise CheckpointError(f"No checkpoint path given. Type the path of a checkpoint folder inside: {where}.")
+    if not roots:
+        raise CheckpointError("No checkpoint folders are allowed here; start the app with a checkpoint folder.")
+    raw = _expand(Path(text))
+    candidates = [raw] if raw.is_absolute() else [Path.cwd() / raw] + [root / raw for root in roots]
+    inside = []
+    for candidate in candidates:
+        try:
+            resolved = candidate.resolve()
+        except (OSError, RuntimeError) as exc:  # symlink loops
+            raise CheckpointError(f"The path {text!r} cannot be resolved ({exc}).") from exc
+        if any(resolved.is_relative_to(root) for root in roots):
+            if resolved.exists():
+                return resolved
+            inside.append(resolved)
+    if inside:
+        return inside[0]  # inside the roots but missing: read_checkpoint says so
+    raise CheckpointError(
+        f"{text!r} points to {candidates[0].resolve()}, outside the folders checkpoints may be loaded "
+        f"from: {where}. Copy the checkpoint into one of them (links and '..' are followed first)."
+    )
+
+
+def _expand(path: Path) -> Path:
+    try:
+        return path.expanduser()
+    except RuntimeError:  # "~nouser/…": keep it literal
+        return path
+
+
+def list_checkpoints(roots: Path | str | Iterable[Path | str], *, max_depth: int = 3) -> list[Path]:
+    """Checkpoint folders (config.json + model.safetensors) under the roots, sorted, symlinks not followed."""
+    if isinstance(roots, (str, Path)):
+        roots = [roots]
+    found: set[Path] = set()
+    for root in roots:
+        root = _expand(Path(root))
+        if not root.is_dir():
+            continue
+        root = root.resolve()
+        for current, dirs, files in os.walk(root):
+            if CONFIG_FILE in files and WEIGHTS_FILE in files:
+                found.add(Path(current))
+                dirs[:] = []
+                continue
+            depth = len(Path(current).relative_to(root).parts)
+            # Hidden folders include our own staging (.name.xxx.tmp) and replaced (.old) checkpoints.
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if depth < max_depth else []
+    return sorted(found)

@@ -1,0 +1,304 @@
+"""Checkpoints: atomic writes, exact state round trips, safe refusal of pickles and bad files."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import sat_core.checkpoint as ckpt
+from sat_core.checkpoint import (
+    CONFIG_FILE,
+    FORMAT,
+    WEIGHTS_FILE,
+    flatten_state,
+    list_checkpoints,
+    load_checkpoint,
+    read_checkpoint,
+    resolve_checkpoint_path,
+    save_checkpoint,
+    save_tensors_atomic,
+    unflatten_state,
+    write_json_atomic,
+)
+from sat_core.config import ModelConfig, PreprocessConfig
+from sat_core.errors import CheckpointError
+from sat_core.vocab import Vocab
+
+WORDS = ["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(16)]  # 20 words
+
+
+def tiny_config(**changes) -> ModelConfig:
+    fields = dict(encoder="small", small_channels=(8, 16), feature_dim=16, vocab_size=len(WORDS),
+                  embed_dim=8, hidden_dim=16, attn_dim=8, dropout=0.0)
+    fields.update(changes)
+    return ModelConfig(**fields)
+
+
+class StandIn(nn.Module):
+    """A small module with float, int and batch-norm state, independent of the Captioner."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(config.vocab_size, config.embed_dim)
+        self.proj = nn.Linear(config.embed_dim, config.hidden_dim)
+        self.norm = nn.BatchNorm1d(config.hidden_dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.proj(self.embed(tokens)))  # (B, n)
+
+
+@pytest.fixture
+def stand_in(monkeypatch: pytest.MonkeyPatch):
+    """load_checkpoint builds the StandIn instead of the Captioner."""
+    monkeypatch.setattr(ckpt, "_build_model", StandIn)
+    torch.manual_seed(0)
+    model = StandIn(tiny_config())
+    model.norm.running_mean.normal_()
+    model.norm.num_batches_tracked.fill_(7)
+    return model
+
+
+def save(directory: Path, model: nn.Module, config: ModelConfig | None = None, **kwargs) -> Path:
+    return save_checkpoint(directory, model, model_config=config or tiny_config(), vocab=Vocab(WORDS),
+                           preprocess=PreprocessConfig(image_size=32), **kwargs)
+
+
+def states_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+
+
+# ---- save / read / load -------------------------------------------------------------------------
+
+def test_save_then_load_round_trip(tmp_path: Path, stand_in: StandIn) -> None:
+    out = save(tmp_path / "run" / "best", stand_in, training={"epoch": 3}, metrics={"bleu4": 0.21},
+               model_card="# tiny\n")
+    assert sorted(p.name for p in out.iterdir()) == ["MODEL_CARD.md", CONFIG_FILE, "metrics.json", WEIGHTS_FILE]
+    config = json.loads((out / CONFIG_FILE).read_text())
+    assert config["format"] == FORMAT and config["training"] == {"epoch": 3}
+    assert config["vocab"]["words"] == WORDS and config["preprocess"]["image_size"] == 32
+    loaded = load_checkpoint(out)
+    assert isinstance(loaded.model, StandIn) and not loaded.model.training
+    assert states_equal(loaded.model.state_dict(), stand_in.state_dict())
+    assert loaded.vocab.itos == WORDS and loaded.preprocess.image_size == 32
+    assert loaded.metrics == {"bleu4": 0.21} and loaded.path == out
+    assert loaded.model_config.pretrained is False
+    # The same checkpoint through its files' paths.
+    for entry in (out / WEIGHTS_FILE, out / CONFIG_FILE):
+        tensors, _ = read_checkpoint(entry)
+        assert states_equal(tensors, stand_in.state_dict())
+
+
+def test_pretrained_never_fetched_when_loading(tmp_path: Path, stand_in: StandIn, monkeypatch) -> None:
+    built = []
+    monkeypatch.setattr(ckpt, "_build_model", lambda cfg: built.append(cfg) or StandIn(cfg))
+    out = save(tmp_path / "c", stand_in, tiny_config(pretrained=True))
+    load_checkpoint(out)
+    assert built[0].pretrained is False
+    assert json.loads((out / CONFIG_FILE).read_text())["model"]["pretrained"] is True
+
+
+def test_fp16_storage_loads_as_fp32(tmp_path: Path, stand_in: StandIn) -> None:
+    full, half = save(tmp_path / "full", stand_in), save(tmp_path / "half", stand_in, dtype=torch.float16)
+    size = lambda d: (d / WEIGHTS_FILE).stat().st_size  # noqa: E731
+    floats = sum(v.numel() for v in stand_in.state_dict().values() if v.is_floating_point())
+    assert abs((size(full) - size(half)) - 2 * floats) < 32  # 2 bytes saved per float, headers aside
+    assert read_checkpoint(half)[0]["proj.weight"].dtype == torch.float16
+    state = load_checkpoint(half).model.state_dict()
+    assert state["proj.weight"].dtype == torch.float32
+    assert state["norm.num_batches_tracked"].dtype == torch.int64 and int(state["norm.num_batches_tracked"]) == 7
+    assert torch.allclose(state["proj.weight"], stand_in.proj.weight, rtol=1e-3, atol=1e-4)
+    assert not torch.equal(state["proj.weight"], stand_in.proj.weight)  # it really went through fp16
+
+
+def test_config_mismatches_refused(tmp_path: Path, stand_in: StandIn) -> None:
+    out = save(tmp_path / "c", stand_in)
+    config = json.loads((out / CONFIG_FILE).read_text())
+    config["model"]["hidden_dim"] = 32
+    write_json_atomic(out / CONFIG_FILE, config)
+    with pytest.raises(CheckpointError, match="config does not match the weights") as caught:
+        load_checkpoint(out)
+    assert "proj.weight is (16, 8) in the file but (32, 8) in the model" in str(caught.value)
+    config["model"]["hidden_dim"] = 16
+    config["model"]["vocab_size"] = 21
+    write_json_atomic(out / CONFIG_FILE, config)
+    with pytest.raises(CheckpointError, match="vocab_size=21 but its vocabulary has 20 words"):
+        load_checkpoint(out)
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [("{not json", "not readable JSON"), ('{"format": "other/2"}', "format 'other/2'"),
+     ('[1, 2]', "format None"), (json.dumps({"format": FORMAT, "model": {}}), "lacks the section")],
+)
+def test_bad_config_json_refused(tmp_path: Path, stand_in: StandIn, text: str, words: str) -> None:
+    out = save(tmp_path / "c", stand_in)
+    (out / CONFIG_FILE).write_text(text)
+    with pytest.raises(CheckpointError, match=words):
+        read_checkpoint(out)
+
+
+def test_unknown_model_field_refused(tmp_path: Path, stand_in: StandIn) -> None:
+    out = save(tmp_path / "c", stand_in)
+    config = json.loads((out / CONFIG_FILE).read_text())
+    config["model"]["wings"] = 2
+    write_json_atomic(out / CONFIG_FILE, config)
+    with pytest.raises(CheckpointError, match="invalid.*wings"):
+        load_checkpoint(out)
+
+
+def test_missing_paths_refused(tmp_path: Path, stand_in: StandIn) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        read_checkpoint(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no model.safetensors and no config.json"):
+        read_checkpoint(tmp_path / "empty")
+    out = save(tmp_path / "c", stand_in)
+    (out / CONFIG_FILE).unlink()
+    with pytest.raises(CheckpointError, match="no config.json"):
+        read_checkpoint(out)
+    with pytest.raises(CheckpointError, match="no config.json beside it"):
+        read_checkpoint(out / WEIGHTS_FILE)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.95, 4 / 1000])
+def test_truncated_safetensors_refused(tmp_path: Path, stand_in: StandIn, keep: float) -> None:
+    out = save(tmp_path / "c", stand_in)
+    data = (out / WEIGHTS_FILE).read_bytes()
+    (out / WEIGHTS_FILE).write_bytes(data[: max(1, int(len(data) * keep))])
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        load_checkpoint(out)
+
+
+# ---- pickles ----------------------------------------------------------------------------------
+
+class Exploit:
+    """Unpickling this would create a marker file (and could do anything else)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+class ExploitOpen(Exploit):
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+@pytest.mark.parametrize("exploit", [Exploit, ExploitOpen])
+@pytest.mark.parametrize("file_name", ["model.pt", "model.bin", "weights.pkl", WEIGHTS_FILE])
+def test_malicious_pickle_never_runs(tmp_path: Path, stand_in: StandIn, exploit, file_name: str) -> None:
+    folder = save(tmp_path / "c", stand_in)
+    marker = tmp_path / "PWNED"
+    with open(folder / file_name, "wb") as handle:
+        pickle.dump({"proj.weight": exploit(marker)}, handle)
+    with pytest.raises(CheckpointError, match="refused without running it") as caught:
+        read_checkpoint(folder / file_name)
+    assert "weights_only` set to `False`" not in str(caught.value)  # no advice to do the unsafe thing
+    if file_name == WEIGHTS_FILE:  # a pickle renamed to model.safetensors, reached via the folder
+        with pytest.raises(CheckpointError, match="refused without running it"):
+            load_checkpoint(folder)
+    assert not marker.exists()
+
+
+def test_plain_tensor_pt_accepted_only_beside_config(tmp_path: Path, stand_in: StandIn) -> None:
+    folder = save(tmp_path / "c", stand_in)
+    torch.save(stand_in.state_dict(), folder / "model.pt")
+    tensors, config = read_checkpoint(folder / "model.pt")
+    assert states_equal(tensors, stand_in.state_dict()) and config["format"] == FORMAT
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    torch.save(stand_in.state_dict(), lone / "model.pt")
+    with pytest.raises(CheckpointError, match="no config.json beside it"):
+        read_checkpoint(lone / "model.pt")
+    with pytest.raises(CheckpointError, match="It holds model.pt"):
+        read_checkpoint(lone)
+    torch.save({"model": stand_in.state_dict(), "epoch": 3}, folder / "nested.pt")
+    with pytest.raises(CheckpointError, match="plain state dict"):
+        read_checkpoint(folder / "nested.pt")
+
+
+# ---- atomic writes ----------------------------------------------------------------------------
+
+def test_crash_while_writing_weights_leaves_nothing(tmp_path: Path, stand_in: StandIn, monkeypatch) -> None:
+    import safetensors.torch
+
+    def half_write(tensors, filename, metadata=None):
+        with open(filename, "wb") as handle:
+            handle.write(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", half_write)
+    with pytest.raises(OSError, match="disk full"):
+        save(tmp_path / "new", stand_in)
+    assert list(tmp_path.iterdir()) == []  # no final folder, no staging folder left behind
+    with pytest.raises(OSError):
+        save_tensors_atomic(tmp_path / "state.safetensors", {"a": torch.ones(3)})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_crash_while_replacing_keeps_old_checkpoint(tmp_path: Path, stand_in: StandIn, monkeypatch) -> None:
+    out = save(tmp_path / "best", stand_in, metrics={"bleu4": 0.1})
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with torch.no_grad():
+        stand_in.proj.weight.add_(1.0)
+
+    def failing_json(path, obj):
+        Path(path).write_text('{"format": "sat-explo')  # a partial file, then the crash
+        raise KeyboardInterrupt
+
+    real_write_json = ckpt.write_json_atomic
+    monkeypatch.setattr(ckpt, "write_json_atomic", failing_json)
+    with pytest.raises(KeyboardInterrupt):
+        save(tmp_path / "best", stand_in, metrics={"bleu4": 0.3})
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["best"]
+    # A successful save replaces the whole folder, leaving no staging or old copy.
+    monkeypatch.setattr(ckpt, "write_json_atomic", real_write_json)
+    save(tmp_path / "best", stand_in)
+    assert [p.name for p in tmp_path.iterdir()] == ["best"]
+    assert not (out / "metrics.json").exists()
+    assert torch.equal(read_checkpoint(out)[0]["proj.weight"], stand_in.proj.weight)
+
+
+def test_rename_failure_restores_old(tmp_path: Path, stand_in: StandIn, monkeypatch) -> None:
+    out = save(tmp_path / "best", stand_in)
+    old_weights = (out / WEIGHTS_FILE).read_bytes()
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if ".tmp" in str(src):  # moving the new checkpoint in fails
+            raise OSError("rename failed")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(ckpt.os, "rename", rename)
+    with pytest.raises(OSError, match="rename failed"):
+        save(tmp_path / "best", stand_in, dtype=torch.float16)
+    assert (out / WEIGHTS_FILE).read_bytes() == old_weights
+    assert [p.name for p in tmp_path.iterdir()] == ["best"]
+
+
+def test_refuses_to_replace_a_folder_that_is_not_a_checkpoint(tmp_path: Path, stand_in: StandIn) -> None:
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="holds other files"):
+        save(tmp_path / "photos", stand_in)
+    assert (tmp_path / "photos" / "cat.jpg").exists()
+
+
+def test_write_json_atomic(tmp_path: Path) -> None:
+    path = write_json_atomic(tmp_path / "a" / "state.json", {"step": 3})
+    assert json.loads(path.read_text()) == {"step": 3}
+    with pytest.raises(TypeError):
+        write_json_atomic(path, {"bad": object()})
+    assert json.loads(path.read_text()) == {"step": 3}
+    assert [p.name for p in path.parent.iterdir()] == ["state.json"]
