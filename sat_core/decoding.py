@@ -417,6 +417,8 @@ def score_caption(
 ) -> ScoredCaption:
     """Teacher forcing: per-token log-probabilities, α and β of a given caption (<end> appended)."""
     if isinstance(caption, str):
+        if not caption.split():
+            raise SatError("The caption to score is empty; type at least one word.")
         caption = caption.lower().split()
     caption = list(caption)
     if caption and isinstance(caption[0], (int, np.integer)):
@@ -426,8 +428,6 @@ def score_caption(
         ids = vocab.encode(caption, add_specials=False)
         words = [vocab.itos[i] for i in ids]
         unknown = [w for w in caption if w not in vocab.stoi]
-    if not ids:
-        raise SatError("The caption to score is empty; type at least one word.")
     model.eval()
     device = next(model.parameters()).device
     feats, grid = _encode(model, _as_batch(image).to(device))

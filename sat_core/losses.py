@@ -85,11 +85,11 @@ def caption_loss(
         if hard.reinforce:
             rf = -(hard.reinforce_weight * advantage * log_p_s)[rows].sum() / n
             loss = loss + rf
-            rf_value = float(rf)
+            rf_value = float(rf.detach())
         if hard.entropy_weight:
             ent = entropy[rows].sum() / n
             loss = loss - hard.entropy_weight * ent
-            ent_value = float(ent)
+            ent_value = float(ent.detach())
         if baseline is not None and hard.baseline:
             baseline.update(reward[rows])
     return LossParts(loss, float(nll_tok.sum() / tokens), float(dsa.mean()), rf_value, ent_value, int(tokens))

@@ -1,0 +1,220 @@
+"""The one decode loop: batched == one by one, greedy == beam 1, sessions, scoring, interventions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sat_core.config import DecodeConfig
+from sat_core.decoding import DecodeSession, Intervention, beam_search, sample_hard, score_caption
+from sat_core.errors import SatError
+from sat_core.models.captioner import Captioner
+from tests.conftest import tiny_config
+
+
+def _images(n: int, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 112, 112, generator=g)
+
+
+def _reference_greedy(model, vocab, image, max_len):
+    """An independent argmax loop over decoder.step (no beam bookkeeping)."""
+    feats = model.encode(image[None])
+    prep, h, c = model.decoder.prepare(feats)
+    prev, tokens = torch.tensor([vocab.start_id]), []
+    banned = [vocab.pad_id, vocab.start_id, vocab.unk_id]
+    for _ in range(max_len):
+        out = model.decoder.step(prev, h, c, prep)
+        h, c = out.h, out.c
+        logits = out.logits[0].clone()
+        logits[banned] = -float("inf")
+        tok = int(logits.argmax())
+        tokens.append(tok)
+        if tok == vocab.end_id:
+            break
+        prev = torch.tensor([tok])
+    return tokens
+
+
+def _peaked_model(vocab, attention="soft"):
+    """A model that prefers the chain <start> a red circle <end>, with image-dependent noise.
+
+    The embedding is one-hot (m = V) and L_o maps each word to its successor, so beams finish
+    and competing hypotheses differ by a few words.
+    """
+    torch.manual_seed(3)
+    V = len(vocab)
+    model = Captioner(tiny_config(V, attention=attention, embed_dim=V)).eval()
+    chain = {vocab.start_id: "a", vocab.stoi["a"]: "red", vocab.stoi["red"]: "circle"}
+    with torch.no_grad():
+        model.decoder.embed.weight.copy_(torch.eye(V) * 4)
+        model.decoder.L_h.weight.mul_(0.3)
+        model.decoder.L_z.weight.mul_(0.3)
+        successor = torch.full((V, V), 0.0)
+        for prev in range(V):
+            successor[vocab.stoi[chain[prev]] if prev in chain else vocab.end_id, prev] = 1.0
+        model.decoder.L_o.weight.copy_(successor + 0.1 * torch.randn(V, V))
+        model.decoder.L_o.bias.zero_()
+    return model
+
+
+@torch.no_grad()
+def test_greedy_equals_beam_one_and_a_plain_argmax_loop(tiny_model, vocab):
+    images = _images(3)
+    results = beam_search(tiny_model, images, vocab, DecodeConfig(beam_size=1, max_len=8))
+    for i in range(3):
+        assert results[i][0].tokens == _reference_greedy(tiny_model, vocab, images[i], 8)
+
+
+@pytest.mark.parametrize("beam", [1, 3, 5])
+def test_batched_equals_one_image_at_a_time(tiny_model, vocab, beam):
+    images = _images(4)
+    cfg = DecodeConfig(beam_size=beam, max_len=10, length_norm=0.7)
+    batched = beam_search(tiny_model, images, vocab, cfg)
+    for i in range(4):
+        alone = beam_search(tiny_model, images[i : i + 1], vocab, cfg)[0]
+        assert [h.tokens for h in batched[i]] == [h.tokens for h in alone]
+        for a, b in zip(batched[i], alone):
+            assert a.score == pytest.approx(b.score, abs=1e-5)
+            np.testing.assert_allclose(a.alphas, b.alphas, atol=1e-5)
+
+
+def test_beams_are_ranked_finished_and_consistent(vocab):
+    model = _peaked_model(vocab)
+    results = beam_search(model, _images(2), vocab, DecodeConfig(beam_size=4, max_len=12))
+    for hyps in results:
+        assert len(hyps) == 4
+        assert all(h.finished and h.tokens[-1] == vocab.end_id for h in hyps)
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 4  # distinct hypotheses
+        for h in hyps:
+            assert h.alphas.shape == (len(h.tokens), 196)
+            np.testing.assert_allclose(h.alphas.sum(1), 1.0, atol=1e-5)
+            assert vocab.unk_id not in h.tokens
+
+
+def test_unreachable_end_still_returns_k_hypotheses_at_the_cap(vocab):
+    torch.manual_seed(0)
+    model = Captioner(tiny_config(len(vocab))).eval()
+    with torch.no_grad():
+        model.decoder.L_o.bias[vocab.end_id] = -1e4  # <end> practically unreachable
+    results = beam_search(model, _images(2), vocab, DecodeConfig(beam_size=3, max_len=6))
+    for hyps in results:
+        assert len(hyps) == 3
+        assert all(not h.finished and len(h.tokens) == 6 for h in hyps)
+        assert hyps[0].score >= hyps[1].score >= hyps[2].score
+
+
+def test_scoring_a_decoded_caption_gives_back_its_score(vocab):
+    model = _peaked_model(vocab)
+    image = _images(1)[0]
+    hyp = beam_search(model, image[None], vocab, DecodeConfig(beam_size=3, max_len=12))[0][0]
+    assert hyp.finished and hyp.words
+    scored = score_caption(model, vocab, image, hyp.words)
+    assert scored.tokens == hyp.tokens
+    assert scored.logprob == pytest.approx(hyp.logprob, abs=1e-4)
+    np.testing.assert_allclose(scored.alphas, hyp.alphas, atol=1e-5)
+
+
+def test_scoring_flags_unknown_words(tiny_model, vocab):
+    scored = score_caption(tiny_model, vocab, _images(1)[0], "a purple circle")
+    assert scored.unknown == ["purple"]
+    assert scored.words == ["a", "<unk>", "circle"]
+    assert len(scored.logprobs) == 4 and np.all(scored.logprobs <= 0)
+    with pytest.raises(SatError, match="empty"):
+        score_caption(tiny_model, vocab, _images(1)[0], "  ")
+
+
+def test_session_steps_back_and_forced_prefix(vocab):
+    model = _peaked_model(vocab)
+    image = _images(1)[0]
+    greedy = beam_search(model, image[None], vocab, DecodeConfig(beam_size=1, max_len=12))[0][0]
+    session = DecodeSession(model, vocab, image, DecodeConfig(max_len=12), top_k=4)
+    first = session.step()
+    assert first.word == vocab.itos[greedy.tokens[0]]
+    assert first.top_words[0] == first.word and len(first.top_probs) == 4
+    assert first.alpha.shape == (14, 14) and first.alpha.sum() == pytest.approx(1.0, abs=1e-5)
+    assert 0 < first.beta < 1
+    # Forcing the word it would have chosen continues exactly like a fresh decode.
+    session.force(first.word)
+    session.run()
+    assert [s.token for s in session.steps] == greedy.tokens
+    assert session.logprob == pytest.approx(greedy.logprob, abs=1e-4)
+    # Going back and forcing another word changes what follows, and back() undoes it.
+    session.back()
+    n = len(session.steps)
+    other = session.steps[0].top_words[1]
+    session.back() if n == 1 else None
+    while len(session.steps) > 1:
+        session.back()
+    forced = session.force(other)
+    assert forced.word == other and forced.forced
+    assert session.words[0] == other
+
+
+def test_session_refuses_unknown_forced_word(tiny_model, vocab):
+    session = DecodeSession(tiny_model, vocab, _images(1)[0])
+    with pytest.raises(SatError, match="not in the model's vocabulary"):
+        session.step(force="zebra")
+
+
+def test_intervention_changes_alpha_exactly_where_asked(vocab):
+    model = _peaked_model(vocab)
+    image = _images(1)[0]
+    cfg = DecodeConfig(beam_size=1, max_len=8)
+    region = np.zeros((14, 14), dtype=bool)
+    region[2:6, 3:9] = True
+    plain = DecodeSession(model, vocab, image, cfg)
+    edited = DecodeSession(model, vocab, image, cfg, intervention=Intervention(region, "exclude", steps=[1]))
+    p0, e0 = plain.step(), edited.step()
+    np.testing.assert_array_equal(p0.alpha, e0.alpha)  # step 0 untouched
+    e0 = edited.force(p0.word)
+    p1, e1 = plain.step(), edited.step()
+    assert np.all(e1.alpha[region] == 0)
+    outside = p1.alpha * ~region
+    np.testing.assert_allclose(e1.alpha, outside / outside.sum(), rtol=1e-5, atol=1e-7)
+    inside = Intervention(region, "include").editor(0, torch.device("cpu"))
+    alpha = torch.softmax(torch.randn(2, 196), 1)
+    kept = inside(alpha).numpy().reshape(2, 14, 14)
+    assert np.all(kept[:, ~region] == 0) and np.allclose(kept.sum((1, 2)), 1)
+
+
+def test_intervention_in_beam_search_keeps_alpha_out_of_region(vocab):
+    model = _peaked_model(vocab)
+    region = np.zeros(196, dtype=bool)
+    region[:98] = True
+    hyps = beam_search(model, _images(2), vocab, DecodeConfig(beam_size=2, max_len=8),
+                       intervention=Intervention(region, "exclude"))
+    for h in (h for per in hyps for h in per):
+        assert np.all(h.alphas[:, region] == 0)
+
+
+def test_hard_sampling_is_seeded_and_differs_from_expectation(vocab):
+    model = _peaked_model(vocab, attention="hard")
+    image = _images(1)[0]
+    a = sample_hard(model, vocab, image, 4, seed=7)
+    b = sample_hard(model, vocab, image, 4, seed=7)
+    assert [h.tokens for h in a] == [h.tokens for h in b]
+    assert all(np.array_equal(x.locations, y.locations) for x, y in zip(a, b))
+    assert all(np.all(h.locations >= 0) for h in a)
+    assert len({tuple(h.locations[:3]) for h in a}) > 1  # different samples pick different regions
+    expect = beam_search(model, image[None], vocab, DecodeConfig(beam_size=1))[0][0]
+    assert np.all(expect.locations == -1)
+
+
+def test_sampling_needs_a_hard_model(vocab):
+    torch.manual_seed(0)
+    soft = Captioner(tiny_config(len(vocab))).eval()
+    with pytest.raises(SatError, match="hard-attention"):
+        sample_hard(soft, vocab, _images(1)[0], 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_decode_matches_cpu(vocab):
+    model = _peaked_model(vocab)
+    images = _images(3)
+    cpu = beam_search(model, images, vocab, DecodeConfig(beam_size=3))
+    gpu = beam_search(model.cuda(), images, vocab, DecodeConfig(beam_size=3))
+    assert [[h.tokens for h in x] for x in cpu] == [[h.tokens for h in x] for x in gpu]

@@ -1,0 +1,150 @@
+"""The model follows PAPER.md: shapes, α sums to 1, β in (0, 1), loss terms as specified."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sat_core.config import HardAttentionConfig, ModelConfig
+from sat_core.errors import SatError
+from sat_core.losses import MovingBaseline, caption_loss, doubly_stochastic
+from sat_core.models.attention import attend
+from sat_core.models.captioner import Captioner
+from sat_core.models.encoder import Encoder
+from tests.conftest import tiny_config
+
+
+def captions(batch: int, length: int, vocab_size: int) -> torch.Tensor:
+    caps = torch.randint(4, vocab_size, (batch, length))
+    caps[:, 0] = 1  # <start>
+    caps[:, -1] = 2  # <end>
+    return caps
+
+
+def test_shapes_alpha_and_beta(tiny_model, vocab):
+    images = torch.randn(3, 3, 112, 112)
+    out = tiny_model(images, captions(5, 7, len(vocab)), image_index=torch.tensor([0, 0, 1, 2, 2]))
+    assert out.logits.shape == (5, 6, len(vocab))
+    assert out.alphas.shape == (5, 6, 14 * 14)
+    assert tiny_model.grid == (14, 14)
+    assert torch.allclose(out.alphas.sum(-1), torch.ones(5, 6), atol=1e-5)
+    if tiny_model.hard:
+        assert torch.all(out.betas == 1.0)  # hard attention's context is one region, ungated
+    else:
+        assert torch.all((out.betas > 0) & (out.betas < 1))
+
+
+def test_captions_of_one_image_share_its_annotations(vocab):
+    torch.manual_seed(0)
+    model = Captioner(tiny_config(len(vocab))).eval()
+    images = torch.randn(2, 3, 112, 112)
+    caps = captions(3, 5, len(vocab))
+    shared = model(images, caps, image_index=torch.tensor([1, 0, 1]))
+    repeated = model(images[[1, 0, 1]], caps)
+    assert torch.allclose(shared.logits, repeated.logits, atol=1e-5)
+
+
+def test_hard_training_mixes_sampled_and_expected_examples(vocab):
+    torch.manual_seed(0)
+    model = Captioner(tiny_config(len(vocab), attention="hard")).train()
+    out = model(torch.randn(64, 3, 112, 112), captions(64, 4, len(vocab)))
+    frac = out.sampled.float().mean().item()
+    assert 0.3 < frac < 0.7  # mix_soft_prob = 0.5
+    assert torch.all(out.log_p_loc[out.sampled] < 0)  # log α of a sampled location
+    assert torch.all(out.log_p_loc[~out.sampled] == 0)
+
+
+def test_attend_soft_is_expectation_and_hard_picks_one_region():
+    feats = torch.randn(2, 4, 3)
+    alpha = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.0, 0.0, 1.0, 0.0]])
+    ctx, loc, logp = attend(feats, alpha)
+    assert torch.allclose(ctx, torch.einsum("bl,bld->bd", alpha, feats))
+    assert torch.all(loc == -1) and torch.all(logp == 0)
+    ctx, loc, logp = attend(feats, alpha, sample=torch.tensor([False, True]))
+    assert loc.tolist() == [-1, 2]
+    assert torch.allclose(ctx[1], feats[1, 2])
+    assert logp[1].item() == pytest.approx(0.0)
+
+
+def test_doubly_stochastic_matches_hand_computation_and_ignores_pads():
+    alphas = torch.tensor([[[0.5, 0.5], [1.0, 0.0], [0.0, 1.0]]])  # (1, T=3, L=2)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third step is padding
+    # coverage = [1.5, 0.5] -> (1-1.5)^2 + (1-0.5)^2 = 0.5
+    assert doubly_stochastic(alphas, mask).item() == pytest.approx(0.5)
+    full = torch.ones(1, 3)
+    # coverage = [1.5, 1.5] -> 0.25 + 0.25
+    assert doubly_stochastic(alphas, full).item() == pytest.approx(0.5)
+    mask = torch.tensor([[1.0, 0.0, 0.0]])
+    assert doubly_stochastic(alphas, mask).item() == pytest.approx(0.25 + 0.25)
+
+
+def test_moving_baseline_follows_the_paper():
+    b = MovingBaseline(0.9)
+    assert b.update(torch.tensor([-2.0, -4.0])) == pytest.approx(-3.0)  # starts at the first reward
+    assert b.update(torch.tensor([-1.0])) == pytest.approx(0.9 * -3.0 + 0.1 * -1.0)
+
+
+class _Out:
+    def __init__(self, logits, alphas, log_p_loc, sampled):
+        self.logits, self.alphas, self.log_p_loc, self.sampled = logits, alphas, log_p_loc, sampled
+
+
+def test_reinforce_raises_log_prob_of_locations_that_beat_the_baseline():
+    """Toy problem: two examples sample locations; the one with the higher reward gets reinforced."""
+    targets = torch.tensor([[4, 2], [4, 2]])
+    logits = torch.zeros(2, 2, 6)
+    logits[0, :, 4] = logits[0, :, 2] = 5.0  # example 0 predicts its words well: high reward
+    theta = torch.zeros(2, requires_grad=True)
+    log_p_loc = theta.view(2, 1).expand(2, 2) - 1.0  # log p(s̃|a) as a function of θ
+    out = _Out(logits, torch.full((2, 2, 3), 1 / 3), log_p_loc, torch.tensor([True, True]))
+    hard = HardAttentionConfig(entropy_weight=0.0)
+    parts = caption_loss(out, targets, dsa_lambda=0.0, hard=hard, baseline=MovingBaseline(0.9))
+    parts.total.backward()
+    # Minimising the loss must raise log p(s̃) where reward > baseline and lower it elsewhere.
+    assert theta.grad[0] < 0 < theta.grad[1]
+
+
+def test_baseline_is_updated_by_the_loss_with_sampled_examples_only():
+    targets = torch.tensor([[4, 2], [5, 2]])
+    logits = torch.randn(2, 2, 6)
+    out = _Out(logits, torch.full((2, 2, 3), 1 / 3), torch.zeros(2, 2), torch.tensor([True, False]))
+    base = MovingBaseline(0.9, value=-1.0)
+    caption_loss(out, targets, dsa_lambda=0.0, hard=HardAttentionConfig(), baseline=base)
+    reward0 = torch.log_softmax(logits[0], -1)[[0, 1], [4, 2]].mean().item()
+    assert base.value == pytest.approx(0.9 * -1.0 + 0.1 * reward0, rel=1e-5)
+
+
+def test_switching_off_reinforce_and_entropy_leaves_plain_likelihood():
+    targets = torch.tensor([[4, 2]])
+    logits = torch.randn(1, 2, 6)
+    out = _Out(logits, torch.full((1, 2, 3), 1 / 3), torch.full((1, 2), -1.0), torch.tensor([True]))
+    off = HardAttentionConfig(reinforce=False, entropy_weight=0.0)
+    parts = caption_loss(out, targets, dsa_lambda=0.0, hard=off)
+    nll = torch.nn.functional.cross_entropy(logits[0], targets[0])
+    assert parts.total.item() == pytest.approx(nll.item(), rel=1e-6)
+
+
+def test_encoders_report_their_true_grid():
+    vgg = Encoder(ModelConfig(encoder="vgg19", feature_dim=512, vocab_size=10))
+    feats, grid = vgg(torch.randn(1, 3, 224, 224))
+    assert grid == (14, 14) and feats.shape == (1, 196, 512)
+    assert not any(p.requires_grad for p in vgg.parameters())  # frozen unless fine-tuned
+
+
+def test_resnet_grid_is_not_upsampled():
+    res = Encoder(ModelConfig(encoder="resnet101", feature_dim=2048, vocab_size=10))
+    feats, grid = res(torch.randn(1, 3, 224, 224))
+    assert grid == (7, 7) and feats.shape == (1, 49, 2048)
+
+
+def test_missing_pretrained_weights_fail_fast_with_instructions(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    with pytest.raises(SatError, match="download .* and copy the file"):
+        Encoder(ModelConfig(encoder="vgg19", feature_dim=512, vocab_size=10, pretrained=True))
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(SatError, match="attention must be soft or hard"):
+        ModelConfig(attention="medium")
+    with pytest.raises(SatError, match="Unknown ModelConfig field"):
+        ModelConfig.from_dict({"hiden_dim": 3})
