@@ -114,11 +114,23 @@ def test_reference_relations_are_true_with_margin(data):
                 a = links[parsed.mentions[r.a].tokens[-1]]
                 b = links[parsed.mentions[r.b].tokens[-1]]
                 for i in a:
-                    for j in b:
-                        assert world.relation_holds(r.relation, objs[i]["centroid"], objs[j]["centroid"],
-                                                    strict=True), s["raw"]
+                    for j in b:  # recomputed here, not with world.relation_holds
+                        (xa, ya), (xb, yb) = objs[i]["centroid"], objs[j]["centroid"]
+                        along, across = {"left_of": (xb - xa, yb - ya), "right_of": (xa - xb, yb - ya),
+                                         "above": (yb - ya, xb - xa), "below": (ya - yb, xb - xa)}[r.relation]
+                        assert along >= 12 and along > abs(across), s["raw"]
                 n += 1
     assert n > 10
+
+
+def test_size_is_stated_when_colour_and_shape_do_not_tell_objects_apart():
+    objects = [{"id": 0, "shape": "circle", "colour": "red", "size": "big", "centroid": [20, 20]},
+               {"id": 1, "shape": "circle", "colour": "red", "size": "small", "centroid": [90, 90]},
+               {"id": 2, "shape": "star", "colour": "blue", "size": "small", "centroid": [20, 90]}]
+    for seed in range(10):
+        for s in world.describe(objects, np.random.default_rng(seed)):
+            sized = {ids[0] for t, ids in s["links"] if s["tokens"][t] in world.SIZE_WORDS}
+            assert {0, 1} <= sized, s["raw"]
 
 
 def test_masks_decode_to_their_area_bbox_and_centroid(data):
