@@ -105,9 +105,11 @@ def parse_caption(tokens: Sequence[Any]) -> Parsed:
             shape, plural = SHAPE_WORDS[tok]
             count = pending.get("count", None if plural else 1)
             idx = pending["idx"] + [i]
-            out.mentions.append(Mention(count, pending.get("size"), pending.get("colour"), shape, idx))
+            out.mentions.append(
+                Mention(count, pending.get("size"), pending.get("colour"), shape, idx))
             if rel_wait is not None and idx[0] == rel_wait[2][-1] + 1:
-                out.relations.append(Relation(rel_wait[0], rel_wait[1], len(out.mentions) - 1, rel_wait[2]))
+                left, rel, phrase = rel_wait
+                out.relations.append(Relation(left, rel, len(out.mentions) - 1, phrase))
             rel_wait, pending = None, {"idx": []}
         else:
             rel_wait, pending = None, {"idx": []}
@@ -175,8 +177,8 @@ def _match(mentions: list[Mention], objects: list[dict[str, Any]]) -> list[list[
         if matches[k]:
             continue
         partial = [o for o in objects if o["shape"] == m.shape or o["colour"] == m.colour]
-        score = lambda o: (o["shape"] == m.shape) + (o["colour"] == m.colour) + (m.size == o["size"])  # noqa: E731
-        take(k, sorted(partial, key=lambda o: -score(o)), m.count if m.count is not None else 2)
+        partial.sort(key=lambda o: -sum(o[a] == getattr(m, a) for a in ("shape", "colour", "size")))
+        take(k, partial, m.count if m.count is not None else 2)
     return matches
 
 
@@ -209,14 +211,25 @@ def _count_items(mentions: list[Mention], matches: list[list[int]],
 
 def ground(tokens: Sequence[Any], objects: list[dict[str, Any]]) -> Grounding:
     """Match a caption's mentions to scene objects (dicts with id, shape, colour, size, centroid)
-    and score it. See Grounding for what each score counts."""
+    and score it.
+
+    Matching is one-to-one and a mention of count n takes up to n objects: first objects with all
+    stated attributes, then ones with the right shape and colour but the wrong size, then, for
+    mentions with nothing yet, the best partial match sharing shape or colour. A matched object
+    counts as named (precision, recall) when its shape and colour are right; size slips only give
+    wrong_size. Colour / shape / size accuracy are over all matched (mention, object) pairs, so a
+    partial match with the right shape and the wrong colour is a colour error, not a hallucination.
+    A mention matching nothing is hallucinated, an object matched by nothing is missed. Relations
+    are judged leniently (see world.relation_holds) for every pair of matched objects.
+    """
     parsed = parse_caption(tokens)
     mentions = parsed.mentions
     matches = _match(mentions, objects)
     by_id = {o["id"]: o for o in objects}
     pairs = [(m, by_id[i]) for m, ids in zip(mentions, matches) for i in ids]
     right = [(m, o) for m, o in pairs if o["shape"] == m.shape and _agrees(m, o, "colour")]
-    units = sum(m.count if m.count is not None else max(1, len(ids)) for m, ids in zip(mentions, matches))
+    units = sum(m.count if m.count is not None else max(1, len(ids))
+                for m, ids in zip(mentions, matches))
     named = {o["id"] for _, o in right}
     counts = _count_items(mentions, matches, objects)
     relations = [all(relation_holds(r.relation, by_id[a]["centroid"], by_id[b]["centroid"])
@@ -236,7 +249,8 @@ def ground(tokens: Sequence[Any], objects: list[dict[str, Any]]) -> Grounding:
         parsed=parsed, matches=[sorted(ids) for ids in matches],
         precision=len(right) / units if units else None,
         recall=len(named) / len(objects) if objects else None,
-        colour_accuracy=_mean(colour_ok), shape_accuracy=_mean(shape_ok), size_accuracy=_mean(size_ok),
+        colour_accuracy=_mean(colour_ok), shape_accuracy=_mean(shape_ok),
+        size_accuracy=_mean(size_ok),
         count_accuracy=_mean(counts), relation_accuracy=_mean(relations),
         errors={k: v for k, v in errors.items() if v},
         token_objects={t: sorted(ids) for m, ids in zip(mentions, matches) for t in m.tokens},
@@ -257,7 +271,8 @@ def aggregate(groundings: Iterable[Grounding | dict[str, Any]]) -> dict[str, flo
         if values:
             out[key] = float(np.mean(values))
     for label in ERROR_LABELS:
-        out[f"{label}_rate"] = float(np.mean([bool(r["errors"].get(label)) for r in rows])) if rows else 0.0
+        flags = [bool(r["errors"].get(label)) for r in rows]
+        out[f"{label}_rate"] = float(np.mean(flags)) if flags else 0.0
     return out
 
 
@@ -265,12 +280,14 @@ def attention_correctness(alpha_grid: np.ndarray, mask: np.ndarray) -> tuple[flo
     """(share of α inside the mask, uniform baseline = mask area / image area).
 
     Each cell's α is spread evenly over its pixels (no smoothing), so the share is
-    Σ_cells α_c · (mask pixels in c / pixels in c) / Σ α. H and W must be multiples of gh and gw.
+    Σ_cells α_c · (mask pixels in c / pixels in c) / Σ α. H and W must be multiples of gh and gw;
+    α need not sum to 1.
     """
     alpha = np.asarray(alpha_grid, dtype=np.float64)
     mask = np.asarray(mask, dtype=bool)
     if alpha.ndim != 2 or mask.ndim != 2:
-        raise ValueError(f"Expected α (gh, gw) and mask (H, W); got {alpha.shape} and {mask.shape}.")
+        raise ValueError(
+            f"Expected α (gh, gw) and mask (H, W); got {alpha.shape} and {mask.shape}.")
     (gh, gw), (h, w) = alpha.shape, mask.shape
     if h % gh or w % gw:
         raise ValueError(f"Mask {h}x{w} does not tile into the {gh}x{gw} attention grid.")

@@ -4,7 +4,8 @@
 
 Every image (112×112, i.e. the encoder's 14×14 grid of 8×8-px cells) holds 1–4 objects and gets
 five reference captions from a small grammar that names every object; each object keeps its visible
-mask, so generated captions and attention maps can be checked against the truth (sat_core.grounding).
+mask, so generated captions and attention maps can be checked against the truth
+(sat_core.grounding).
 
 Output: ``DIR/dataset.json`` in Karpathy format (the loader that reads Flickr8k reads this) and
 ``DIR/<split>/<imgid:06d>.png``. Every reference sentence carries ``links``: ``[token_index,
@@ -63,7 +64,8 @@ RELATION_PHRASES: dict[tuple[str, ...], str] = {
     ("above",): "above", ("over",): "above", ("below",): "below", ("under",): "below",
 }
 RELATION_WORDS = frozenset({"left", "right", "above", "over", "below", "under"})
-_OPENERS = ((), ("there", "is"), ("the", "image", "shows"), ("a", "picture", "of"), ("we", "can", "see"))
+_OPENERS = ((), ("there", "is"), ("the", "image", "shows"), ("a", "picture", "of"),
+            ("we", "can", "see"))
 _OPENER_P = (0.4, 0.2, 0.15, 0.1, 0.15)
 
 # Unit polygons (x, y), y down; scaled by the radius. Rotation ranges keep a square from turning
@@ -173,8 +175,8 @@ def _place(rng: np.random.Generator, attrs: list[tuple[str, str, str]]) -> list[
         objs.append(SceneObject(shape, colour, size, center, radius, rotation, rgb, full, full))
     for k, a in enumerate(objs):  # same-colour objects never touch: they would merge into one blob
         for b in objs[:k]:
-            if a.colour == b.colour and np.hypot(a.center[0] - b.center[0], a.center[1] - b.center[1]) \
-                    < 1.2 * (a.radius + b.radius) + 1:
+            gap = np.hypot(a.center[0] - b.center[0], a.center[1] - b.center[1])
+            if a.colour == b.colour and gap < 1.2 * (a.radius + b.radius) + 1:
                 return None
     covered = np.zeros((IMAGE_SIZE, IMAGE_SIZE), bool)
     for obj in reversed(objs):  # later objects are drawn on top
@@ -245,7 +247,8 @@ def rle_decode(rle: dict[str, Any]) -> np.ndarray:
         h, w = (int(v) for v in rle["size"])
         counts = np.asarray(rle["counts"], dtype=np.int64)
     except (KeyError, TypeError, ValueError) as err:
-        raise DatasetError(f"Bad mask RLE {str(rle)[:80]!r}: {err}; regenerate the dataset.") from err
+        raise DatasetError(
+            f"Bad mask RLE {str(rle)[:80]!r}: {err}; regenerate the dataset.") from err
     if (counts < 0).any() or counts.sum() != h * w:
         raise DatasetError(f"Mask RLE counts do not add up to {h}x{w}; regenerate the dataset.")
     values = np.arange(counts.size) % 2 == 1
@@ -253,7 +256,7 @@ def rle_decode(rle: dict[str, Any]) -> np.ndarray:
 
 
 def scene_objects(scene: Scene) -> list[dict[str, Any]]:
-    """The JSON records of a scene's objects: attributes, bbox [x, y, w, h], centroid, area, mask."""
+    """JSON records of a scene's objects: attributes, bbox [x, y, w, h], centroid, area, mask."""
     records = []
     for oid, obj in enumerate(scene.objects):
         ys, xs = np.nonzero(obj.mask)
@@ -288,14 +291,15 @@ def _mention(group: list[dict[str, Any]], with_size: bool, rng: np.random.Genera
     if with_size:
         words.append("small" if o["size"] == "small" else str(rng.choice(["big", "large"])))
     words += [o["colour"], SHAPES[o["shape"]] if len(group) > 1 else o["shape"]]
-    count = NUMBER_WORDS[len(group)] if len(group) > 1 else ("an" if words[0][0] in "aeiou" else "a")
+    article = "an" if words[0][0] in "aeiou" else "a"
+    count = NUMBER_WORDS[len(group)] if len(group) > 1 else article
     return [(w, ids) for w in [count, *words]]
 
 
 def _group_relations(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[str]:
     """Relations that hold strictly between every object of a and every object of b."""
-    return [r for r in RELATIONS
-            if all(relation_holds(r, x["centroid"], y["centroid"], strict=True) for x in a for y in b)]
+    return [r for r in RELATIONS if all(relation_holds(r, x["centroid"], y["centroid"], strict=True)
+                                        for x in a for y in b)]
 
 
 def _relation_phrase(relation: str, rng: np.random.Generator) -> list[str]:
@@ -309,7 +313,10 @@ def _caption(groups: list[list[dict[str, Any]]], rng: np.random.Generator,
     keys = [(g[0]["shape"], g[0]["colour"]) for g in groups]
     need_size = [keys.count(k) > 1 for k in keys]  # size tells same-colour same-shape groups apart
     order = [int(i) for i in rng.permutation(len(groups))]
-    mention = lambda i: _mention(groups[i], need_size[i] or (not plain and rng.random() < 0.5), rng)  # noqa: E731
+
+    def mention(i: int) -> list[Token]:
+        return _mention(groups[i], need_size[i] or (not plain and rng.random() < 0.5), rng)
+
     clauses: list[list[Token]] = []
     k = 0
     while k < len(order):
@@ -361,7 +368,8 @@ def describe(objects: list[dict[str, Any]], rng: np.random.Generator,
 
 # ---- dataset writing ----
 def _image_rng(seed: int, split: str, index: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(SPLITS.index(split), index)))
+    seq = np.random.SeedSequence(seed, spawn_key=(SPLITS.index(split), index))
+    return np.random.default_rng(seq)
 
 
 def _make_image(task: tuple[int, str, int, int, str]) -> dict[str, Any]:
@@ -412,7 +420,8 @@ def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: i
             images = [_make_image(t) for t in tasks]
         else:
             with multiprocessing.Pool(workers) as pool:
-                images = pool.map(_make_image, tasks, chunksize=max(1, min(64, len(tasks) // (4 * workers))))
+                chunk = max(1, min(64, len(tasks) // (4 * workers)))
+                images = pool.map(_make_image, tasks, chunksize=chunk)
         path = out_dir / "dataset.json"
         data = {"dataset": "sat_world", "seed": seed, "image_size": IMAGE_SIZE, "images": images}
         path.write_text(json.dumps(data, separators=(",", ":")))
