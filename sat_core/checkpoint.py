@@ -147,14 +147,14 @@ def flatten_state(obj: Any) -> tuple[dict[str, torch.Tensor], Any]:
 
 def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(obj, torch.Tensor):
-        key = path if path not in tensors else f"{path}#{len(tensors)}"
+        key = _unused_key(path, tensors)
         tensors[key] = obj
         return {"__tensor__": key}
     if isinstance(obj, np.ndarray):
         if obj.dtype.hasobject:
             raise TypeError(f"{path}: numpy arrays of Python objects cannot be stored")
         raw = torch.from_numpy(np.ascontiguousarray(obj).reshape(-1).view(np.uint8).copy())
-        key = path if path not in tensors else f"{path}#{len(tensors)}"
+        key = _unused_key(path, tensors)
         tensors[key] = raw  # raw bytes: exact for every numpy dtype, incl. uint32 RNG keys
         return {"__ndarray__": key, "dtype": obj.dtype.str, "shape": list(obj.shape)}
     if isinstance(obj, np.generic):
@@ -171,6 +171,14 @@ def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(obj, tuple):
         return {"__tuple__": [_encode(v, f"{path}.{i}", tensors) for i, v in enumerate(obj)]}
     raise TypeError(f"{path}: cannot store a {type(obj).__name__} in a checkpoint")
+
+
+def _unused_key(path: str, tensors: dict[str, torch.Tensor]) -> str:
+    """The path itself, or path#n when another entry (e.g. key 1 and key "1") already took it."""
+    key, n = path, 1
+    while key in tensors:
+        key, n = f"{path}#{n}", n + 1
+    return key
 
 
 def unflatten_state(tensors: dict[str, torch.Tensor], skeleton: Any) -> Any:
@@ -215,7 +223,9 @@ def save_checkpoint(
     """
     directory = Path(directory)
     if model_config.vocab_size != len(vocab):
-        raise ValueError(f"model_config.vocab_size={model_config.vocab_size} but the vocabulary has {len(vocab)} words")
+        raise ValueError(
+            f"model_config.vocab_size={model_config.vocab_size} but the vocabulary has {len(vocab)} words"
+        )
     state = {k: v.to(dtype) if dtype is not None and v.is_floating_point() else v
              for k, v in model.state_dict().items()}
     stored = str(dtype or torch.float32).removeprefix("torch.")
@@ -251,7 +261,9 @@ def save_checkpoint(
 def _check_replaceable(directory: Path) -> None:
     """Only a missing path, an empty folder or an earlier checkpoint may be replaced."""
     if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
-        raise CheckpointError(f"Cannot save a checkpoint at {str(directory)!r}: a file or link is there. Choose another path.")
+        raise CheckpointError(
+            f"Cannot save a checkpoint at {str(directory)!r}: a file or link is there. Choose another path."
+        )
     if directory.is_dir() and any(directory.iterdir()) and not (directory / CONFIG_FILE).is_file():
         raise CheckpointError(
             f"Cannot save a checkpoint into {str(directory)!r}: the folder holds other files and no "
@@ -278,7 +290,9 @@ def _swap_into_place(staging: Path, directory: Path) -> None:
 
 # ---- reading ------------------------------------------------------------------------------------
 
-def read_checkpoint(path: str | Path, *, device: str = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def read_checkpoint(
+    path: str | Path, *, device: str = "cpu"
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Read (state dict, config dict) from a checkpoint folder, its model.safetensors or config.json.
 
     A pickle-based weights file (.pt/.pth/.bin …) is read only with ``torch.load(weights_only=True)``,
@@ -303,7 +317,8 @@ def _locate(path: Path) -> tuple[Path, Path]:
         missing = [name for name in (WEIGHTS_FILE, CONFIG_FILE) if not (path / name).is_file()]
         if missing:
             others = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
-            hint = f" It holds {', '.join(others)}: pass that file's path to read it as plain tensors." if others else ""
+            hint = (f" It holds {', '.join(others)}: pass that file's path to read it as plain tensors."
+                    if others else "")
             raise CheckpointError(
                 f"{str(path)!r} is not a checkpoint folder: it has no {' and no '.join(missing)}.{hint} "
                 f"A checkpoint folder holds {WEIGHTS_FILE} and {CONFIG_FILE}, as written by training."
@@ -312,11 +327,14 @@ def _locate(path: Path) -> tuple[Path, Path]:
     if path.name == CONFIG_FILE:
         weights = path.parent / WEIGHTS_FILE
         if not weights.is_file():
-            raise CheckpointError(f"{str(path)!r} has no {WEIGHTS_FILE} beside it; copy the whole checkpoint folder.")
+            raise CheckpointError(
+                f"{str(path)!r} has no {WEIGHTS_FILE} beside it; copy the whole checkpoint folder."
+            )
         return weights, path
     if path.suffix != ".safetensors" and not _is_pickle_file(path):
         raise CheckpointError(
-            f"{str(path)!r} is not a checkpoint: give a checkpoint folder, its {WEIGHTS_FILE} or its {CONFIG_FILE}."
+            f"{str(path)!r} is not a checkpoint: give a checkpoint folder, its {WEIGHTS_FILE} "
+            f"or its {CONFIG_FILE}."
         )
     config = path.parent / CONFIG_FILE
     if not config.is_file():
@@ -333,7 +351,8 @@ def _is_pickle_file(path: Path) -> bool:
         head = handle.read(16)
     if len(head) >= 9 and head[8:9] == b"{":  # safetensors: u64 header length, then JSON
         return False
-    if head.startswith(b"PK\x03\x04") or (head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")):
+    pickle_protocol_2_to_5 = head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")
+    if head.startswith(b"PK\x03\x04") or pickle_protocol_2_to_5:  # torch.save zip, or a raw pickle
         return True
     return path.suffix.lower() in PICKLE_SUFFIXES
 
@@ -351,7 +370,10 @@ def _read_pickle_weights(path: Path, device: str) -> dict[str, torch.Tensor]:
             "so it was refused without running it: unpickling it could execute arbitrary code. "
             f"Convert it to {WEIGHTS_FILE} with the trusted code that wrote it."
         ) from exc
-    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+    plain = isinstance(obj, dict) and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()
+    )
+    if not plain:
         raise CheckpointError(
             f"{str(path)!r} does not hold a plain state dict (names -> tensors); "
             f"convert it to {WEIGHTS_FILE} with the code that wrote it."
@@ -385,7 +407,9 @@ def _read_config(path: Path) -> dict[str, Any]:
         )
     missing = [k for k in ("model", "vocab", "preprocess") if not isinstance(config.get(k), dict)]
     if missing:
-        raise CheckpointError(f"{str(path)!r} lacks the section(s) {missing}; the checkpoint's config is damaged.")
+        raise CheckpointError(
+            f"{str(path)!r} lacks the section(s) {missing}; the checkpoint's config is damaged."
+        )
     return config
 
 
@@ -427,7 +451,8 @@ def load_checkpoint(
         raise CheckpointError(f"The weights in {str(path)!r} do not fit the model ({exc}).") from exc
     model.to(device).eval()
     folder = path if path.is_dir() else path.parent
-    return LoadedCheckpoint(model, vocab, model_config, preprocess, config, _read_metrics(folder, config), folder)
+    metrics = _read_metrics(folder, config)
+    return LoadedCheckpoint(model, vocab, model_config, preprocess, config, metrics, folder)
 
 
 def _build_model(config: ModelConfig) -> nn.Module:
@@ -451,7 +476,9 @@ def _parse_config(config: dict[str, Any], path: Path) -> tuple[ModelConfig, Voca
     return model_config, vocab, preprocess
 
 
-def _matching_state(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+def _matching_state(
+    model: nn.Module, tensors: dict[str, torch.Tensor], path: Path
+) -> dict[str, torch.Tensor]:
     """Check names and shapes against the model, then cast floats to the model's dtypes (fp16 -> fp32)."""
     expected = model.state_dict()
     problems = [f"{k} is missing from the file" for k in expected if k not in tensors]
@@ -496,9 +523,13 @@ def resolve_checkpoint_path(user_path: str, allowed_roots: Sequence[Path]) -> Pa
     where = ", ".join(str(r) for r in roots) or "(none configured)"
     text = (user_path or "").strip()
     if not text:
-        raise CheckpointError(f"No checkpoint path given. Type the path of a checkpoint folder inside: {where}.")
+        raise CheckpointError(
+            f"No checkpoint path given. Type the path of a checkpoint folder inside: {where}."
+        )
     if not roots:
-        raise CheckpointError("No checkpoint folders are allowed here; start the app with a checkpoint folder.")
+        raise CheckpointError(
+            "No checkpoint folders are allowed here; start the app with a checkpoint folder."
+        )
     raw = _expand(Path(text))
     candidates = [raw] if raw.is_absolute() else [Path.cwd() / raw] + [root / raw for root in roots]
     inside = []
@@ -507,8 +538,9 @@ def resolve_checkpoint_path(user_path: str, allowed_roots: Sequence[Path]) -> Pa
             resolved = candidate.resolve()
         except (OSError, RuntimeError) as exc:  # symlink loops
             raise CheckpointError(f"The path {text!r} cannot be resolved ({exc}).") from exc
-        if any(resolved.is_relative_to(root) for root in roots):
+        if _inside(resolved, roots):
             if resolved.exists():
+                _check_files_inside(resolved, roots, text, where)
                 return resolved
             inside.append(resolved)
     if inside:
@@ -517,6 +549,22 @@ def resolve_checkpoint_path(user_path: str, allowed_roots: Sequence[Path]) -> Pa
         f"{text!r} points to {candidates[0].resolve()}, outside the folders checkpoints may be loaded "
         f"from: {where}. Copy the checkpoint into one of them (links and '..' are followed first)."
     )
+
+
+def _inside(path: Path, roots: Sequence[Path]) -> bool:
+    return any(path.is_relative_to(root) for root in roots)
+
+
+def _check_files_inside(path: Path, roots: Sequence[Path], text: str, where: str) -> None:
+    """A folder inside the roots must not reach outside through links to its files."""
+    folder = path if path.is_dir() else path.parent
+    for name in CHECKPOINT_FILES:
+        target = (folder / name).resolve()
+        if (folder / name).exists() and not _inside(target, roots):
+            raise CheckpointError(
+                f"{text!r} holds {name}, a link to {target}, outside the folders checkpoints may be "
+                f"loaded from: {where}. Copy the real file into the checkpoint folder."
+            )
 
 
 def _expand(path: Path) -> Path:

@@ -73,8 +73,8 @@ class ModelConfig:
     encoder: str = "small"  # small | vgg19 | resnet101
     pretrained: bool = False  # torchvision ImageNet weights from the local torch cache
     finetune_encoder: bool = False
-    small_channels: tuple[int, ...] = (32, 64, 128)  # small CNN widths; D = last one
-    feature_dim: int = 128  # D, set by the encoder
+    small_channels: tuple[int, ...] = (24, 48, 96)  # small CNN widths; D = last one
+    feature_dim: int = 96  # D, set by the encoder
     vocab_size: int = 0  # K
     embed_dim: int = 64  # m
     hidden_dim: int = 256  # n
@@ -117,6 +117,60 @@ class DecodeConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DecodeConfig":
+        return _from_dict(cls, data)
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``python -m sat_core.train`` takes; argparse mirrors these fields one for one."""
+
+    data: str = ""  # Karpathy-format dataset JSON
+    images: str = ""  # folder with the images
+    out: str = "runs/run"  # run directory: last/, best/, log.jsonl, train_config.json
+    attention: str = "soft"
+    encoder: str = "small"
+    pretrained: bool = False
+    finetune_encoder: bool = False
+    image_size: int = 0  # 0: 112 for the small encoder, 224 for vgg19/resnet101
+    small_channels: tuple[int, ...] = (24, 48, 96)
+    embed_dim: int = 64
+    hidden_dim: int = 256
+    attn_dim: int = 128
+    dropout: float = 0.5
+    gate: bool = True
+    dsa_lambda: float = 1.0  # λ of the doubly stochastic penalty (soft attention)
+    hard: HardAttentionConfig = field(default_factory=HardAttentionConfig)
+    optimizer: str = "adam"  # adam | rmsprop
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    grad_clip: float = 5.0
+    epochs: int = 10
+    batch_size: int = 64
+    patience: int = 3  # epochs without a better validation BLEU-4 before stopping; 0: never stop early
+    min_word_count: int = 5
+    max_vocab: int = 10_000
+    val_split: str = "val"
+    val_beam: int = 1
+    val_max_len: int = 24
+    val_images: int = 0  # 0: the whole validation split
+    save_every: int = 200  # optimizer steps between resumable checkpoints (and at every epoch end)
+    cache_features: str = "auto"  # frozen encoder: encode each image once per run (auto | on | off)
+    seed: int = 0
+    device: str = "auto"
+    amp: bool = True  # bf16 autocast, CUDA only
+    channels_last: bool = True  # CUDA only
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.hard, dict):
+            self.hard = _from_dict(HardAttentionConfig, self.hard)
+        self.small_channels = tuple(self.small_channels)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
         return _from_dict(cls, data)
 
 

@@ -92,4 +92,4 @@ def caption_loss(
             ent_value = float(ent.detach())
         if baseline is not None and hard.baseline:
             baseline.update(reward[rows])
-    return LossParts(loss, float(nll_tok.sum() / tokens), float(dsa.mean()), rf_value, ent_value, int(tokens))
+    return LossParts(loss, float(nll_tok.detach().sum() / tokens), float(dsa.detach().mean()), rf_value, ent_value, int(tokens))

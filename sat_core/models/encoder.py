@@ -19,28 +19,38 @@ FEATURE_DIMS = {"vgg19": 512, "resnet101": 2048}
 STRIDES = {"vgg19": 16, "resnet101": 32}
 
 
+def _conv(c_in: int, c_out: int, stride: int) -> list[nn.Module]:
+    return [nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(c_out),
+            nn.ReLU(inplace=True)]
+
+
 class SmallCNN(nn.Module):
-    """Stride-2 stages of two 3×3 convs each: 112 px -> 14×14 with three stages."""
+    """Stride-2 stages of two 3×3 convs each: 112 px -> 14×14 with three stages.
+
+    The last stage also sees two coordinate channels (x, y in [−1, 1]): a context vector ẑ_t is a
+    blend of annotations, and without them it would not say *where* the attended object is, which
+    the decoder needs for words like "left of" and "above".
+    """
 
     def __init__(self, channels: tuple[int, ...]) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
+        stages: list[nn.Module] = []
         c_in = 3
-        for c_out in channels:
-            layers += [
-                nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False),
-                nn.BatchNorm2d(c_out),
-                nn.ReLU(inplace=True),
-                nn.Conv2d(c_out, c_out, 3, padding=1, bias=False),
-                nn.BatchNorm2d(c_out),
-                nn.ReLU(inplace=True),
-            ]
+        for i, c_out in enumerate(channels):
+            extra = 2 if i == len(channels) - 1 else 0
+            stages.append(nn.Sequential(*_conv(c_in + extra, c_out, 2), *_conv(c_out, c_out, 1)))
             c_in = c_out
-        self.body = nn.Sequential(*layers)
+        self.stages = nn.ModuleList(stages)
         self.stride = 2 ** len(channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x)  # (B, D, H/stride, W/stride)
+        for stage in self.stages[:-1]:
+            x = stage(x)
+        B, _, H, W = x.shape
+        ys = torch.linspace(-1, 1, H, device=x.device, dtype=x.dtype).view(1, 1, H, 1).expand(B, 1, H, W)
+        xs = torch.linspace(-1, 1, W, device=x.device, dtype=x.dtype).view(1, 1, 1, W).expand(B, 1, H, W)
+        x = torch.cat([x, xs, ys], dim=1)  # (B, C + 2, H, W)
+        return self.stages[-1](x)  # (B, D, H/stride, W/stride)
 
 
 def _pretrained_weights(name: str):

@@ -1,0 +1,416 @@
+"""Training: ``python -m sat_core.train --data DATASET.json --images DIR --out RUN_DIR …``.
+
+A run directory holds ``train_config.json``, ``log.jsonl`` (one line per epoch), ``last/`` (a loadable
+checkpoint plus the resumable state: optimizer, RNG, epoch and position, hard-attention baseline) and
+``best/`` (the checkpoint with the best validation BLEU-4 from free-running decoding).
+``--resume RUN_DIR`` continues exactly where ``last/`` stopped. Under ``torchrun`` it trains with DDP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sat_core import checkpoint as ckpt
+from sat_core.config import DecodeConfig, HardAttentionConfig, ModelConfig, PreprocessConfig, TrainConfig
+from sat_core.data import CaptionDataset, EvalImages, ImageStore, build_vocab, load_karpathy, make_loader, normalise
+from sat_core.decoding import beam_search, pick_device
+from sat_core.errors import SatError
+from sat_core.losses import MovingBaseline, caption_loss
+from sat_core.models.captioner import Captioner
+from sat_core.models.encoder import FEATURE_DIMS
+from sat_core.vocab import Vocab
+
+STATE_TENSORS, STATE_JSON = "state.safetensors", "state.json"
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM arrived; a resumable checkpoint was written."""
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
+    feature_dim = cfg.small_channels[-1] if cfg.encoder == "small" else FEATURE_DIMS[cfg.encoder]
+    return ModelConfig(
+        encoder=cfg.encoder, pretrained=cfg.pretrained, finetune_encoder=cfg.finetune_encoder,
+        small_channels=cfg.small_channels, feature_dim=feature_dim, vocab_size=vocab_size,
+        embed_dim=cfg.embed_dim, hidden_dim=cfg.hidden_dim, attn_dim=cfg.attn_dim,
+        attention=cfg.attention, gate=cfg.gate, dropout=cfg.dropout, hard=cfg.hard,
+    )
+
+
+def preprocess_config(cfg: TrainConfig) -> PreprocessConfig:
+    size = cfg.image_size or (112 if cfg.encoder == "small" else 224)
+    return PreprocessConfig(image_size=size)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One flag per TrainConfig field (``--hard-entropy-weight`` for nested ones)."""
+    p = argparse.ArgumentParser(prog="python -m sat_core.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="JSON file setting TrainConfig fields; flags given here override it")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR exactly where it stopped")
+    _add_fields(p, TrainConfig(), "")
+    return p
+
+
+def _add_fields(p: argparse.ArgumentParser, obj: Any, prefix: str) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        flag = "--" + (prefix + f.name).replace("_", "-")
+        dest = prefix + f.name
+        if dataclasses.is_dataclass(value):
+            _add_fields(p, value, f.name + "_")
+        elif isinstance(value, bool):
+            p.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None)
+        elif isinstance(value, tuple):
+            p.add_argument(flag, dest=dest, type=int, nargs="+", default=None)
+        else:
+            p.add_argument(flag, dest=dest, type=type(value), default=None)
+
+
+def parse_config(argv: list[str] | None) -> tuple[TrainConfig, str | None]:
+    args = build_parser().parse_args(argv)
+    values: dict[str, Any] = {}
+    if args.resume:
+        values = _read_json(Path(args.resume) / "train_config.json", "--resume")
+    elif args.config:
+        values = _read_json(Path(args.config), "--config")
+    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("config", "resume")}
+    hard = dict(values.get("hard", {}))
+    for k in [k for k in given if k.startswith("hard_")]:
+        hard[k[len("hard_"):]] = given.pop(k)
+    values.update(given)
+    values["hard"] = hard
+    cfg = TrainConfig.from_dict(values)
+    if not args.resume and (not cfg.data or not cfg.images):
+        raise SatError("Give --data DATASET.json and --images DIR (or a --config file that sets them).")
+    if cfg.optimizer not in ("adam", "rmsprop"):
+        raise SatError(f"--optimizer must be adam or rmsprop, not {cfg.optimizer!r}.")
+    return cfg, args.resume
+
+
+def _read_json(path: Path, flag: str) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SatError(f"{flag}: {path} does not exist.") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SatError(f"{flag}: {path} is not a readable JSON file ({exc}).") from None
+
+
+# ----------------------------------------------------------------------------- the trainer
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, resume: str | None = None) -> None:
+        self.cfg, self.run_dir = cfg, Path(resume or cfg.out)
+        self.rank, self.world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        self.device = self._setup_device()
+        self.main_process = self.rank == 0
+        self.stop_signal: int | None = None
+        self._load_data(resume)
+        self._build_model()
+        self.epoch, self.batch_in_epoch, self.step = 0, 0, 0
+        self.best, self.bad_epochs = -1.0, 0
+        self.baseline = MovingBaseline(cfg.hard.baseline_decay)
+        if resume:
+            self._restore()
+        elif self.main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.write_json_atomic(self.run_dir / "train_config.json", cfg.to_dict())
+
+    # -- setup
+
+    def _setup_device(self) -> torch.device:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            backend = "nccl" if torch.cuda.is_available() and self.cfg.device != "cpu" else "gloo"
+            dist.init_process_group(backend)
+            if backend == "nccl":
+                local = int(os.environ.get("LOCAL_RANK", 0))
+                torch.cuda.set_device(local)
+                return torch.device("cuda", local)
+            return torch.device("cpu")
+        return pick_device(self.cfg.device)
+
+    def _load_data(self, resume: str | None) -> None:
+        cfg = self.cfg
+        self.data = load_karpathy(cfg.data, cfg.images)
+        self.preprocess = preprocess_config(cfg)
+        if resume:
+            config = json.loads((Path(resume) / "last" / "config.json").read_text())
+            self.vocab = Vocab.from_dict(config["vocab"])
+        else:
+            self.vocab = build_vocab(self.data, min_count=cfg.min_word_count, max_size=cfg.max_vocab)
+        store = ImageStore(self.data, self.preprocess, splits=("train", cfg.val_split),
+                           progress=cfg.progress and self.main_process)
+        self.store = store
+        self.train_set = CaptionDataset(self.data, "train", self.vocab, store)
+        self.loader = make_loader(self.train_set, cfg.batch_size, shuffle=True, seed=cfg.seed,
+                                  num_replicas=self.world, rank=self.rank)
+        self.val_images = EvalImages(self.data, cfg.val_split, store, batch_size=64)
+        if cfg.val_images:
+            self.val_images.image_ids = self.val_images.image_ids[: cfg.val_images]
+
+    def _build_model(self) -> None:
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        self.model_config = model_config(cfg, len(self.vocab))
+        self.model = Captioner(self.model_config).to(self.device)
+        cuda = self.device.type == "cuda"
+        if cuda and cfg.channels_last:
+            self.model.encoder.to(memory_format=torch.channels_last)
+        self.train_model: torch.nn.Module = self.model
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self.train_model = DDP(self.model, device_ids=[self.device.index] if cuda else None)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        opt = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.RMSprop
+        self.optimizer = opt(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.features = self._feature_cache()
+
+    def _feature_cache(self) -> torch.Tensor | None:
+        """A frozen encoder gives the same annotations every epoch: compute them once (fp16, CPU)."""
+        cfg = self.cfg
+        if self.model.encoder.trainable or cfg.cache_features == "off":
+            return None
+        n, size = len(self.store.images), self.preprocess.image_size
+        grid = (size // self.model.encoder.stride) ** 2
+        if cfg.cache_features == "auto" and n * grid * self.model_config.feature_dim * 2 > 4 * 2**30:
+            return None  # over 4 GiB: encode per batch instead
+        chunks = []
+        with torch.no_grad():
+            for start in range(0, n, 64):
+                images = normalise(self.store.images[start : start + 64].to(self.device), self.preprocess)
+                chunks.append(self.model.encode(images).half().cpu())  # (b, L, D)
+        return torch.cat(chunks)  # (N, L, D)
+
+    # -- one epoch
+
+    def train_one_epoch(self) -> dict[str, float]:
+        cfg, model = self.cfg, self.train_model
+        model.train()
+        self.loader.batch_sampler.set_epoch(self.epoch)
+        totals = {"loss": 0.0, "nll": 0.0, "dsa": 0.0, "reinforce": 0.0, "entropy": 0.0}
+        batches, captions, started = 0, 0, time.perf_counter()
+        for i, batch in enumerate(self._progress(self.loader)):
+            if i < self.batch_in_epoch:
+                continue  # resumed mid-epoch: these batches were already trained on
+            parts = self._train_step(batch)
+            for k in totals:
+                totals[k] += parts[k]
+            batches += 1
+            captions += batch.captions.shape[0]
+            self.batch_in_epoch, self.step = i + 1, self.step + 1
+            if self.stop_signal is not None:
+                self.save_last()
+                raise Interrupted()
+            if cfg.save_every and self.step % cfg.save_every == 0:
+                self.save_last()
+        elapsed = time.perf_counter() - started
+        means = {k: v / max(batches, 1) for k, v in totals.items()}
+        return {**means, "captions_per_s": captions * self.world / max(elapsed, 1e-9), "time_s": elapsed}
+
+    def _train_step(self, batch) -> dict[str, float]:
+        cfg = self.cfg
+        batch = batch.to(self.device)
+        with self._autocast():
+            if self.features is not None:
+                rows = [self.store.row_of[i] for i in batch.image_ids]
+                feats = self.features[rows].to(self.device).float()  # (U, L, D)
+                out = self.train_model(None, batch.captions, feats=feats, image_index=batch.image_index)
+            else:
+                images = normalise(batch.images, self.preprocess)  # (U, 3, S, S)
+                if self.device.type == "cuda" and cfg.channels_last:
+                    images = images.contiguous(memory_format=torch.channels_last)
+                out = self.train_model(images, batch.captions, image_index=batch.image_index)
+            parts = caption_loss(out, batch.captions[:, 1:], dsa_lambda=cfg.dsa_lambda if not self.model.hard else 0.0,
+                                 hard=cfg.hard if self.model.hard else None, baseline=self.baseline)
+        if not torch.isfinite(parts.total):
+            raise SatError(
+                f"The loss became {float(parts.total)} at epoch {self.epoch + 1}, batch {self.batch_in_epoch + 1} "
+                f"(images {batch.image_ids[:5]}…). Nothing from this step was saved; {self.run_dir / 'last'} "
+                "holds the last good state. Lower --lr or --grad-clip, check those images, then --resume."
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        parts.total.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        return {"loss": float(parts.total), "nll": parts.nll, "dsa": parts.dsa,
+                "reinforce": parts.reinforce, "entropy": parts.entropy}
+
+    def _autocast(self):
+        if self.cfg.amp and self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast("cpu", enabled=False)
+
+    def _progress(self, loader):
+        from tqdm import tqdm
+
+        return tqdm(loader, desc=f"epoch {self.epoch + 1}/{self.cfg.epochs}", unit="batch", leave=False,
+                    disable=not (self.cfg.progress and self.main_process and sys.stderr.isatty()))
+
+    # -- validation: free-running decoding, BLEU-4
+
+    def validate(self) -> dict[str, float]:
+        from sat_core.metrics import caption_metrics
+
+        decode = DecodeConfig(beam_size=self.cfg.val_beam, max_len=self.cfg.val_max_len)
+        refs, hyps = {}, {}
+        for ids, images in self.val_images:
+            results = beam_search(self.model, normalise(images, self.preprocess), self.vocab, decode)
+            for i, hyp in zip(ids, results):
+                hyps[i] = hyp[0].caption
+                refs[i] = [" ".join(s) for s in self.val_images.references(i)]
+        report = caption_metrics(refs, hyps, meteor=False)
+        return report.corpus
+
+    # -- checkpoints
+
+    def save_last(self) -> None:
+        if not self.main_process:
+            return
+        self._save_model(self.run_dir / "last")
+        tensors, skeleton = ckpt.flatten_state({
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        })
+        state = {
+            "skeleton": skeleton, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+            "step": self.step, "best": self.best, "bad_epochs": self.bad_epochs,
+            "baseline": self.baseline.value, "numpy_rng": _numpy_state(), "python_rng": _python_state(),
+        }
+        ckpt.save_tensors_atomic(self.run_dir / "last" / STATE_TENSORS, tensors)
+        ckpt.write_json_atomic(self.run_dir / "last" / STATE_JSON, state)
+
+    def _save_model(self, directory: Path, metrics: dict | None = None) -> None:
+        training = {"train_config": self.cfg.to_dict(), "epoch": self.epoch, "step": self.step,
+                    "dataset": str(self.cfg.data)}
+        ckpt.save_checkpoint(directory, self.model, model_config=self.model_config, vocab=self.vocab,
+                             preprocess=self.preprocess, training=training, metrics=metrics)
+
+    def _restore(self) -> None:
+        last = self.run_dir / "last"
+        if not (last / STATE_JSON).is_file():
+            raise SatError(f"{last} holds no resumable state ({STATE_JSON} missing); start a new run instead.")
+        tensors, _config = ckpt.read_checkpoint(last)
+        self.model.load_state_dict(tensors)
+        state = json.loads((last / STATE_JSON).read_text())
+        from safetensors.torch import load_file
+
+        saved = ckpt.unflatten_state(load_file(str(last / STATE_TENSORS)), state["skeleton"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        torch.set_rng_state(saved["torch_rng"])
+        if saved["cuda_rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(saved["cuda_rng"])
+        name, keys, pos, has_gauss, cached = state["numpy_rng"]
+        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+        random.setstate(_python_rng(state["python_rng"]))
+        self.epoch, self.batch_in_epoch, self.step = state["epoch"], state["batch_in_epoch"], state["step"]
+        self.best, self.bad_epochs, self.baseline.value = state["best"], state["bad_epochs"], state["baseline"]
+
+    # -- the run
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        self._install_signal_handlers()
+        while self.epoch < cfg.epochs:
+            stats = self.train_one_epoch()
+            val = self.validate() if self.main_process else {}
+            bleu4 = val.get("BLEU-4", 0.0)
+            improved = bleu4 > self.best
+            self.best = max(self.best, bleu4)
+            self.bad_epochs = 0 if improved else self.bad_epochs + 1
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+            if self.main_process:
+                self._log({"epoch": self.epoch, "step": self.step, **stats, "baseline": self.baseline.value,
+                           "val": val, "best_bleu4": self.best})
+                if improved:
+                    self._save_model(self.run_dir / "best", metrics={f"val_{k}": v for k, v in val.items()})
+            self.save_last()
+            self._barrier()
+            if cfg.patience and self.bad_epochs >= cfg.patience:
+                self._log({"event": "early_stop", "epoch": self.epoch, "best_bleu4": self.best})
+                break
+        return {"epochs": self.epoch, "best_bleu4": self.best, "run_dir": str(self.run_dir)}
+
+    def _log(self, record: dict[str, Any]) -> None:
+        if not self.main_process:
+            return
+        with open(self.run_dir / "log.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if "val" in record:
+            v = record["val"]
+            print(f"epoch {record['epoch']}: loss {record['loss']:.3f}  nll {record['nll']:.3f}  "
+                  f"{record['captions_per_s']:.0f} captions/s  val BLEU-4 {v.get('BLEU-4', 0):.4f}  "
+                  f"CIDEr {v.get('CIDEr', 0):.3f}", flush=True)
+
+    def _barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def _install_signal_handlers(self) -> None:
+        def handler(signum, _frame):
+            self.stop_signal = signum
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handler)
+
+
+def _numpy_state() -> list[Any]:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+
+
+def _python_state() -> list[Any]:
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def _python_rng(state: list[Any]) -> tuple:
+    return (state[0], tuple(state[1]), state[2])
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg, resume = parse_config(argv)
+        trainer = Trainer(cfg, resume)
+        result = trainer.run()
+    except Interrupted:
+        print(f"Interrupted: saved a resumable checkpoint to {trainer.run_dir / 'last'}. "
+              f"Continue with: python -m sat_core.train --resume {trainer.run_dir}", file=sys.stderr)
+        return 130
+    except SatError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if trainer.main_process:
+        print(json.dumps(result))
+    if trainer.world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
