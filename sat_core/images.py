@@ -90,6 +90,8 @@ def load_image(
 def _read_source(source: ImageSource, name: str | None) -> tuple[bytes, str | None]:
     """Return the file's bytes and the best name for messages."""
     if isinstance(source, (bytes, bytearray, memoryview)):
+        if len(source) > MAX_BYTES:
+            raise ImageError(_too_many_bytes(name))
         return bytes(source), name
     if isinstance(source, (str, Path)):
         path = Path(source)

@@ -417,6 +417,12 @@ def test_resolve_inside_and_outside_roots(tmp_path: Path, stand_in: StandIn, mon
         with pytest.raises(CheckpointError, match="outside the folders"):
             load_checkpoint(attempt, allowed_roots=[root])
     assert isinstance(load_checkpoint("run1", allowed_roots=[root]).model, StandIn)
+    (root / "linked_files").mkdir()
+    (root / "linked_files" / CONFIG_FILE).write_bytes((good / CONFIG_FILE).read_bytes())
+    (root / "linked_files" / WEIGHTS_FILE).symlink_to(secret / WEIGHTS_FILE)
+    for attempt in ("linked_files", str(root / "linked_files" / CONFIG_FILE)):
+        with pytest.raises(CheckpointError, match="holds model.safetensors, a link to"):
+            load_checkpoint(attempt, allowed_roots=[root])
     with pytest.raises(CheckpointError, match="No checkpoint path given"):
         resolve_checkpoint_path("  ", [root])
     with pytest.raises(CheckpointError, match="does not exist"):

@@ -230,6 +230,17 @@ def test_name_from_argument_and_stream(tmp_path: Path) -> None:
         load_image(handle)
 
 
+def test_oversized_file_refused_before_reading(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr("sat_core.images.MAX_BYTES", 1000)
+    data = encode(random_rgb((64, 64)), "PNG")
+    assert len(data) > 1000
+    path = tmp_path / "big.png"
+    path.write_bytes(data)
+    for source in (data, path, io.BytesIO(data)):
+        with pytest.raises(ImageError, match="larger than"):
+            load_image(source)
+
+
 def test_missing_path_and_folder(tmp_path: Path) -> None:
     with pytest.raises(ImageError, match="does not exist"):
         load_image(tmp_path / "nope.jpg")
