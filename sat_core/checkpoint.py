@@ -216,12 +216,20 @@ def save_checkpoint(
     metrics: dict[str, Any] | None = None,
     dtype: torch.dtype | None = None,
     model_card: str | None = None,
+    extra_json: dict[str, Any] | None = None,
+    extra_tensors: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Write a checkpoint directory atomically, replacing an existing checkpoint there.
 
     ``dtype=torch.float16`` stores floating tensors in half precision (loading casts them back).
+    ``extra_json`` / ``extra_tensors`` ({file name: content}) land in the same atomic swap, e.g. the
+    trainer's resumable state, so the weights and that state can never come from different steps.
     """
     directory = Path(directory)
+    extras = {**(extra_json or {}), **(extra_tensors or {})}
+    bad = [n for n in extras if n in CHECKPOINT_FILES or Path(n).name != n or n.startswith(".")]
+    if bad or len(extras) != len(extra_json or {}) + len(extra_tensors or {}):
+        raise ValueError(f"extra file names must be distinct plain names, not {bad or sorted(extras)}")
     if model_config.vocab_size != len(vocab):
         raise ValueError(
             f"model_config.vocab_size={model_config.vocab_size} but the vocabulary has {len(vocab)} words"
@@ -250,6 +258,10 @@ def save_checkpoint(
             write_json_atomic(staging / METRICS_FILE, metrics)
         if model_card is not None:
             _atomic_write(staging / CARD_FILE, lambda tmp: tmp.write_text(model_card, encoding="utf-8"))
+        for name, obj in (extra_json or {}).items():
+            write_json_atomic(staging / name, obj)
+        for name, tensors in (extra_tensors or {}).items():
+            save_tensors_atomic(staging / name, tensors)
         _fsync_dir(staging)
         _swap_into_place(staging, directory)
     except BaseException:

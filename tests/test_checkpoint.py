@@ -22,6 +22,7 @@ from sat_core.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     read_checkpoint,
+    read_tensors,
     resolve_checkpoint_path,
     save_checkpoint,
     save_tensors_atomic,
@@ -285,6 +286,30 @@ def test_rename_failure_restores_old(tmp_path: Path, stand_in: StandIn, monkeypa
         save(tmp_path / "best", stand_in, dtype=torch.float16)
     assert (out / WEIGHTS_FILE).read_bytes() == old_weights
     assert [p.name for p in tmp_path.iterdir()] == ["best"]
+
+
+def test_extras_land_in_the_same_swap(tmp_path: Path, stand_in: StandIn, monkeypatch) -> None:
+    tensors, skeleton = flatten_state({"step": torch.tensor(3)})
+    out = save(tmp_path / "last", stand_in, extra_json={"state.json": skeleton},
+               extra_tensors={"state.safetensors": tensors})
+    assert unflatten_state(read_tensors(out / "state.safetensors")[0],
+                           json.loads((out / "state.json").read_text())) == {"step": torch.tensor(3)}
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_save = ckpt.save_tensors_atomic
+
+    def crash_on_state(path, tensors, metadata=None):
+        if Path(path).name == "state.safetensors":
+            raise OSError("disk full")
+        return real_save(path, tensors, metadata)
+
+    monkeypatch.setattr(ckpt, "save_tensors_atomic", crash_on_state)
+    with pytest.raises(OSError):
+        save(tmp_path / "last", stand_in, dtype=torch.float16, extra_json={"state.json": {"step": 4}},
+             extra_tensors={"state.safetensors": tensors})
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # weights and state still agree
+    for bad in ({"config.json": {}}, {"../x.json": {}}):
+        with pytest.raises(ValueError, match="extra file names"):
+            save(tmp_path / "other", stand_in, extra_json=bad)
 
 
 def test_refuses_to_replace_a_folder_that_is_not_a_checkpoint(tmp_path: Path, stand_in: StandIn) -> None:
