@@ -209,7 +209,7 @@ def beam_search(
         cand = (scores.view(N, 1) + _log_probs(out.logits, banned)).view(B, K * V)  # (B, K·V)
         top_scores, top_idx = cand.topk(min(2 * K, K * V), dim=1)  # (B, 2K)
         rows, words, new_scores = _select(
-            top_scores.cpu().numpy(), top_idx.cpu().numpy(), K, V, vocab.end_id, t, ends, done
+            top_scores.cpu().numpy(), top_idx.cpu().numpy(), K, V, vocab.end_id, t, ends, done, cfg
         )
         if done.all():
             break
@@ -232,10 +232,11 @@ def beam_search(
     return results
 
 
-def _select(top_scores, top_idx, K, V, end_id, t, ends, done):
+def _select(top_scores, top_idx, K, V, end_id, t, ends, done, cfg):
     """Beam bookkeeping for one step: finish <end> candidates ranked in the top K, keep K others.
 
     Only an <end> among an image's K best candidates is finished, so beam 1 is exactly greedy.
+    An image is done once K hypotheses are finished and no live beam can still beat the K-th.
     Returns the new rows' parents (N,), their words (N,) and scores (B, K).
     """
     B = top_scores.shape[0]
@@ -257,8 +258,20 @@ def _select(top_scores, top_idx, K, V, end_id, t, ends, done):
                 continue
             rows[b * K + kept], words[b * K + kept], new_scores[b, kept] = row, word, score
             kept += 1
-        done[b] = sum(e[4] for e in ends[b]) >= K
+        done[b] = _cannot_improve(ends[b], float(new_scores[b, 0]), K, cfg)
     return rows, words, new_scores
+
+
+def _cannot_improve(ends, best_live: float, K: int, cfg: DecodeConfig) -> bool:
+    """True when K finished hypotheses score at least what the best live beam could still reach.
+
+    Log-probabilities only fall as words are added, so a live beam's best normalised score is its
+    current log-probability divided by max_len ** length_norm (the largest divisor it can reach).
+    """
+    finished = sorted((e[3] / (e[0] + 1) ** cfg.length_norm for e in ends if e[4]), reverse=True)
+    if len(finished) < K:
+        return False
+    return best_live / cfg.max_len ** cfg.length_norm <= finished[K - 1]
 
 
 def _add_unfinished(ends, done, scores, tokens, trace, K) -> None:

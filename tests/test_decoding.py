@@ -48,9 +48,9 @@ def _peaked_model(vocab, attention="soft"):
     model = Captioner(tiny_config(V, attention=attention, embed_dim=V)).eval()
     chain = {vocab.start_id: "a", vocab.stoi["a"]: "red", vocab.stoi["red"]: "circle"}
     with torch.no_grad():
-        model.decoder.embed.weight.copy_(torch.eye(V) * 4)
-        model.decoder.L_h.weight.mul_(0.3)
-        model.decoder.L_z.weight.mul_(0.3)
+        model.decoder.embed.weight.copy_(torch.eye(V) * 6)
+        model.decoder.L_h.weight.mul_(0.1)
+        model.decoder.L_z.weight.mul_(0.1)
         successor = torch.full((V, V), 0.0)
         for prev in range(V):
             successor[vocab.stoi[chain[prev]] if prev in chain else vocab.end_id, prev] = 1.0
@@ -142,16 +142,15 @@ def test_session_steps_back_and_forced_prefix(vocab):
     session.run()
     assert [s.token for s in session.steps] == greedy.tokens
     assert session.logprob == pytest.approx(greedy.logprob, abs=1e-4)
-    # Going back and forcing another word changes what follows, and back() undoes it.
-    session.back()
-    n = len(session.steps)
-    other = session.steps[0].top_words[1]
-    session.back() if n == 1 else None
+    # Going back to the first word and forcing another one changes what follows.
     while len(session.steps) > 1:
         session.back()
-    forced = session.force(other)
-    assert forced.word == other and forced.forced
-    assert session.words[0] == other
+    assert len(session.steps) == 1
+    forced = session.force(first.top_words[1])
+    assert forced.word == first.top_words[1] and forced.forced and len(session.steps) == 1
+    session.run()
+    assert session.words[: 1] == [first.top_words[1]] or first.top_words[1] == "<end>"
+    assert [s.token for s in session.steps] != greedy.tokens
 
 
 def test_session_refuses_unknown_forced_word(tiny_model, vocab):
