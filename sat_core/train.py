@@ -285,9 +285,9 @@ class Trainer:
     # -- checkpoints
 
     def save_last(self) -> None:
+        """Weights and resumable state in one atomic swap: a kill never leaves them mismatched."""
         if not self.main_process:
             return
-        self._save_model(self.run_dir / "last")
         tensors, skeleton = ckpt.flatten_state({
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
@@ -298,14 +298,14 @@ class Trainer:
             "step": self.step, "best": self.best, "bad_epochs": self.bad_epochs,
             "baseline": self.baseline.value, "numpy_rng": _numpy_state(), "python_rng": _python_state(),
         }
-        ckpt.save_tensors_atomic(self.run_dir / "last" / STATE_TENSORS, tensors)
-        ckpt.write_json_atomic(self.run_dir / "last" / STATE_JSON, state)
+        self._save_model(self.run_dir / "last", extra_json={STATE_JSON: state},
+                         extra_tensors={STATE_TENSORS: tensors})
 
-    def _save_model(self, directory: Path, metrics: dict | None = None) -> None:
+    def _save_model(self, directory: Path, metrics: dict | None = None, **extra: Any) -> None:
         training = {"train_config": self.cfg.to_dict(), "epoch": self.epoch, "step": self.step,
                     "dataset": str(self.cfg.data)}
         ckpt.save_checkpoint(directory, self.model, model_config=self.model_config, vocab=self.vocab,
-                             preprocess=self.preprocess, training=training, metrics=metrics)
+                             preprocess=self.preprocess, training=training, metrics=metrics, **extra)
 
     def _restore(self) -> None:
         last = self.run_dir / "last"
@@ -314,9 +314,8 @@ class Trainer:
         tensors, _config = ckpt.read_checkpoint(last)
         self.model.load_state_dict(tensors)
         state = json.loads((last / STATE_JSON).read_text())
-        from safetensors.torch import load_file
-
-        saved = ckpt.unflatten_state(load_file(str(last / STATE_TENSORS)), state["skeleton"])
+        flat, _meta = ckpt.read_tensors(last / STATE_TENSORS)
+        saved = ckpt.unflatten_state(flat, state["skeleton"])
         self.optimizer.load_state_dict(saved["optimizer"])
         torch.set_rng_state(saved["torch_rng"])
         if saved["cuda_rng"] and torch.cuda.is_available():
