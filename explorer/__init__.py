@@ -1,0 +1,1 @@
+"""SAT Explorer: the Streamlit app (``streamlit run explorer/app.py``)."""

@@ -1,0 +1,42 @@
+"""Captions and short notes as Markdown."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Collection, Sequence
+
+import streamlit as st
+
+
+def caption_markdown(words: Sequence[str], current: int | None = None, forced: Collection[int] = ()) -> str:
+    """Words joined by spaces; the current one highlighted, forced ones underlined and starred."""
+    parts = []
+    for i, word in enumerate(words):
+        text = html.escape(word)
+        if i in forced:
+            text = f"<u>{text}</u>*"
+        if i == current:
+            text = f"<mark>**{text}**</mark>"
+        parts.append(text)
+    return " ".join(parts) if parts else "*(no words yet)*"
+
+
+def draw_caption(words: Sequence[str], current: int | None = None, forced: Collection[int] = (), *,
+                 prefix: str = "") -> None:
+    st.markdown(f"{prefix}{caption_markdown(words, current, forced)}", unsafe_allow_html=True)
+
+
+def draw_domain_warning(reasons: Sequence[str], confidence: float | None = None) -> None:
+    """The out-of-domain notice shown next to a caption."""
+    why = "; ".join(reasons)
+    conf = f" The model's mean word probability here is {confidence:.2f}." if confidence is not None else ""
+    st.warning(
+        "**This model was trained on synthetic shapes; captions of photos are not meaningful.** "
+        f"This image looks unlike the training data: {why}.{conf}",
+        icon="⚠️",
+    )
+
+
+def draw_help(title: str, body: str) -> None:
+    with st.expander(title):
+        st.markdown(body)

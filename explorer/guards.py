@@ -1,0 +1,69 @@
+"""What a page needs before it can draw: a model, an image; and the decodes pages share."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import streamlit as st
+
+from sat_core.checkpoint import LoadedCheckpoint
+from sat_core.config import DecodeConfig
+from sat_core.decoding import Hypothesis, Intervention
+from sat_core.world import rle_decode
+
+from explorer import resources as res
+from explorer.resources import PreparedImage
+from explorer.state import Context
+
+
+def need_model(ctx: Context) -> LoadedCheckpoint:
+    """The selected model, or the reason there is none (and the page stops)."""
+    if ctx.loaded is None:
+        st.error(ctx.ckpt_error or "Choose a checkpoint in the sidebar.")
+        st.stop()
+    return ctx.loaded
+
+
+def need_image(ctx: Context) -> PreparedImage:
+    """The selected image, or the loader's message in its place (and the page stops)."""
+    if ctx.image_error:
+        st.error(ctx.image_error, icon="🚫")
+        st.stop()
+    if ctx.image is None:
+        st.info("Choose a gallery scene or upload an image in the sidebar.")
+        st.stop()
+    return ctx.image
+
+
+def cfg_json(cfg: DecodeConfig) -> str:
+    return json.dumps(cfg.to_dict(), sort_keys=True)
+
+
+def image_for(ctx: Context, loaded: LoadedCheckpoint) -> PreparedImage:
+    """The current image preprocessed as ``loaded`` expects (models may differ in input size)."""
+    if loaded is ctx.loaded or ctx.image_source is None:
+        return ctx.image
+    key, name, source, record = ctx.image_source
+    pre_json = json.dumps(loaded.preprocess.to_dict(), sort_keys=True)
+    return res.prepare_image(key, pre_json, name, source, record)
+
+
+def beams(ctx: Context, loaded: LoadedCheckpoint | None = None, *, cfg: DecodeConfig | None = None,
+          intervention: Intervention | None = None, region_key: str = "") -> list[Hypothesis]:
+    """The beam's hypotheses (best first) for the current image; cached per settings."""
+    loaded = loaded or ctx.loaded
+    image = image_for(ctx, loaded)
+    return res.decode(res.stamp(loaded.path), image.key, cfg_json(cfg or ctx.decode), region_key, loaded,
+                      image.tensor, intervention)
+
+
+def object_masks(image: PreparedImage) -> list[np.ndarray]:
+    """Ground-truth masks of a gallery scene's objects (original-image pixels); none for uploads."""
+    if image.record is None or not image.record.objects:
+        return []
+    return [rle_decode(o["mask"]) for o in image.record.objects]
+
+
+def object_label(obj: dict) -> str:
+    return f"{obj['id']}: {obj['size']} {obj['colour']} {obj['shape']}"

@@ -1,0 +1,149 @@
+"""The shared sidebar: checkpoint, image, decoding controls, α-map display, share link."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import streamlit as st
+
+from sat_core import viz
+from sat_core.config import DecodeConfig, PreprocessConfig
+from sat_core.errors import SatError
+
+from explorer import resources as res
+from explorer import state
+from explorer.maps import METHODS, NORMS, MapSettings
+from explorer.settings import ServerSettings
+
+UPLOAD_TYPES = ["png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff"]
+
+
+def checkpoint_names(paths: list[str], roots: tuple[Path, ...]) -> dict[str, str]:
+    """Short, unique display names: the folder relative to its root ('soft', 'runs/a/best')."""
+    names: dict[str, str] = {}
+    for path in paths:
+        p = Path(path)
+        root = next((r for r in roots if p.is_relative_to(r)), None)
+        name = str(p.relative_to(root)) if root is not None and p != root else p.name
+        if name in names or name == ".":
+            name = f"{p.parent.name}/{p.name}"
+        names[name] = path
+    return names
+
+
+def _checkpoint_ui(settings: ServerSettings) -> tuple[dict[str, str], str | None, object, str | None]:
+    roots = tuple(str(r) for r in settings.checkpoint_roots)
+    names = checkpoint_names(res.find_checkpoints(roots), settings.checkpoint_roots)
+    names.update(st.session_state.get("opened_checkpoints", {}))
+    if not names:
+        where = ", ".join(roots)
+        return names, None, None, (f"No checkpoints found in {where}. Train one (python -m sat_core.train) or "
+                                   "start the app with `-- --checkpoints DIR`.")
+    options = list(names)
+    state.keep_choice("ckpt", options)
+    name = st.sidebar.selectbox(
+        "Checkpoint", options, key="ckpt",
+        format_func=lambda n: f"{n} ({res.checkpoint_summary(names[n])['attention']})",
+    )
+    try:
+        loaded = res.load_model(names[name], roots, settings.device, res.stamp(Path(names[name])))
+    except SatError as err:
+        return names, name, None, str(err)
+    return names, name, loaded, None
+
+
+def _decoding_ui() -> DecodeConfig:
+    st.sidebar.subheader("Decoding")
+    for key, low, high in (("beam", 1, 10), ("maxlen", 3, 40)):
+        state.clamp(key, low, high)
+    beam = st.sidebar.slider("Beam size", 1, 10, key="beam", help="1 = greedy decoding")
+    max_len = st.sidebar.slider("Max length", 3, 40, key="maxlen")
+    state.keep_choice("hard_mode", ["expect", "sample"])
+    hard_mode = st.sidebar.radio(
+        "Hard attention at test time", ["expect", "sample"], key="hard_mode", horizontal=True,
+        help="Hard-attention checkpoints only: use the expectation α (as the paper does at test time) "
+             "or sample one location s_t ~ Multinoulli(α_t) per step.")
+    seed = 0
+    if hard_mode == "sample":
+        seed = int(st.sidebar.number_input("Sampling seed", 0, 10_000, key="seed"))
+    return DecodeConfig(beam_size=beam, max_len=max_len, hard_mode=hard_mode, seed=seed)
+
+
+def _image_ui(settings: ServerSettings, loaded) -> tuple:
+    """(gallery, gallery error, prepared image, image error, source for res.prepare_image)."""
+    st.sidebar.subheader("Image")
+    gallery, gallery_error = None, None
+    try:
+        gallery = res.load_gallery(str(settings.world_dir))
+    except SatError as err:
+        gallery_error = str(err)
+    state.keep_choice("source", ["Gallery scene", "Upload"])
+    source = st.sidebar.radio("Image source", ["Gallery scene", "Upload"], key="source", horizontal=True)
+    preprocess = loaded.preprocess if loaded is not None else PreprocessConfig()
+    pre_json = json.dumps(preprocess.to_dict(), sort_keys=True)
+    try:
+        if source == "Upload":
+            upload = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES, key="upload",
+                                              help="PNG, JPEG, WebP, BMP, GIF (first frame), TIFF")
+            if upload is None:
+                return gallery, gallery_error, None, None, None
+            data = upload.getvalue()
+            source = (res.upload_key(data), upload.name, data, None)
+            return gallery, gallery_error, res.prepare_image(source[0], pre_json, *source[1:]), None, source
+        if gallery is None:
+            return gallery, gallery_error, None, gallery_error, None
+        state.keep_choice("scene", gallery.ids)
+        scene = st.sidebar.selectbox("Scene", gallery.ids, key="scene", format_func=lambda i: f"Scene {i}",
+                                     help=f"From the {gallery.note}")
+        record = gallery.by_id[scene]
+        source = (f"scene:{scene}:{record.path}", record.path.name, str(record.path), record)
+        return gallery, gallery_error, res.prepare_image(source[0], pre_json, *source[1:]), None, source
+    except SatError as err:
+        return gallery, gallery_error, None, str(err), None
+
+
+def _maps_ui() -> MapSettings:
+    with st.sidebar.expander("α map display"):
+        for key, options in (("method", list(METHODS)), ("norm", list(NORMS)), ("cmap", list(viz.COLORMAPS))):
+            state.keep_choice(key, options)
+        state.clamp("sigma", 0.0, 30.0)
+        state.clamp("opacity", 0.0, 1.0)
+        method = st.radio("Upsampling", list(METHODS), format_func=METHODS.get, key="method")
+        sigma = st.slider("Smoothing σ (px, pyramid only; 0 = default)", 0.0, 30.0, step=0.5, key="sigma",
+                          disabled=method != "pyramid")
+        norm = st.radio("Normalisation", list(NORMS), format_func=NORMS.get, key="norm")
+        opacity = st.slider("Opacity", 0.0, 1.0, step=0.05, key="opacity")
+        cmap = st.selectbox("Colour map", list(viz.COLORMAPS), key="cmap")
+        coverage = st.checkbox("Show the coverage map Σ_t α_t", key="coverage")
+        st.caption("The model has exactly one α per grid cell: *raw grid cells* show what it computed. "
+                   "Smoothing is cosmetic — it makes maps look like the paper's figures, not more precise. "
+                   "Hover a map for the exact α of each cell.")
+    return MapSettings(method, float(sigma), norm, float(opacity), cmap, bool(coverage))
+
+
+def _share_ui(query: str) -> None:
+    with st.sidebar.expander("Share this view"):
+        base = ""
+        try:
+            base = (st.context.url or "").split("?")[0]
+        except Exception:  # no browser context (tests, bare mode)
+            pass
+        st.code(f"{base}?{query}" if query else (base or "(default view)"), language=None)
+        st.caption("The link restores the checkpoint, scene, step, forced words and display settings. "
+                   "Uploaded images are not part of links.")
+
+
+def draw_sidebar(settings: ServerSettings) -> state.Context:
+    """Draw the sidebar and return what it selected."""
+    state.restore_from_url()
+    state.apply_pending()
+    names, name, loaded, ckpt_error = _checkpoint_ui(settings)
+    decode = _decoding_ui()
+    gallery, gallery_error, image, image_error, source = _image_ui(settings, loaded)
+    maps = _maps_ui()
+    ctx = state.Context(settings, names, name, loaded, ckpt_error, gallery, gallery_error, image, image_error,
+                        source, decode, maps)
+    ctx.query = state.write_url()
+    _share_ui(ctx.query)
+    return ctx

@@ -1,0 +1,93 @@
+"""Caption: the model's caption of the chosen image, the beam's alternatives, the α strip, exports."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from sat_core import viz
+from sat_core.explain import box_mask
+
+from explorer import maps
+from explorer import resources as res
+from explorer.components.figures import draw_alpha
+from explorer.components.text import draw_domain_warning, draw_help
+from explorer.guards import beams, need_image, need_model
+from explorer.state import context
+
+
+def crop_note(image) -> str:
+    c = image.crop_info
+    w, h = c.original_size
+    return (f"The encoder saw the square ({c.left}, {c.top}) – ({c.right}, {c.bottom}) of this {w}×{h} image, "
+            f"resized to {c.image_size}×{c.image_size} px; every α map below covers exactly that square.")
+
+
+def draw_crop(image) -> None:
+    """The original image with the encoder's crop outlined in red."""
+    box = box_mask((image.original.shape[1], image.original.shape[0]), image.crop_info.box)
+    st.image(viz.outline_masks(image.original, [box], (255, 0, 0)), caption=crop_note(image), width="stretch")
+
+
+def draw_exports(crop, words, alphas, betas, grid, settings, strip_png: bytes, stem: str) -> None:
+    kwargs = {**settings.viz_kwargs(), "panel_size": 112}
+    c1, c2, c3 = st.columns(3)
+    c1.download_button("Download strip (PNG)", strip_png, f"{stem}_strip.png", "image/png", key="dl_png")
+    c2.download_button("Download animation (GIF)", lambda: viz.strip_gif(crop, words, alphas, grid, **kwargs),
+                       f"{stem}_attention.gif", "image/gif", key="dl_gif")
+    c3.download_button("Download α values (JSON)", viz.alphas_json(words, alphas, betas, grid),
+                       f"{stem}_alphas.json", "application/json", key="dl_json")
+
+
+def draw_beam_table(hyps) -> None:
+    rows = [{"rank": k + 1, "caption": h.caption, "log p": round(h.logprob, 3), "score": round(h.score, 3),
+             "words": len(h.words), "finished": h.finished} for k, h in enumerate(hyps)]
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+
+
+def main() -> None:
+    st.title("Caption")
+    ctx = context()
+    loaded = need_model(ctx)
+    image = need_image(ctx)
+    hyps = beams(ctx)
+    best = hyps[0]
+    left, right = st.columns([1, 2])
+    with left:
+        draw_crop(image)
+    with right:
+        st.markdown(f"**Caption:** {best.caption or '(empty)'}")
+        confidence = math.exp(best.logprob / max(1, len(best.tokens)))
+        m1, m2, m3 = st.columns(3)
+        m1.metric("log p(caption)", f"{best.logprob:.2f}")
+        m2.metric("score", f"{best.score:.2f}", help=f"log p / length^{ctx.decode.length_norm}")
+        m3.metric("mean word probability", f"{confidence:.3f}")
+        if image.uploaded:
+            check = res.domain_check(image.key, ctx.world_dir, image.original)
+            if check.far:
+                draw_domain_warning(check.reasons, confidence)
+        st.markdown(f"**The beam's {len(hyps)} hypotheses** (beam size {ctx.decode.beam_size})")
+        draw_beam_table(hyps)
+    words = maps.step_words(best.words, len(best.alphas))
+    st.subheader("Where the model looked for each word")
+    strip = maps.strip(image.crop, words, best.alphas, best.grid, ctx.maps)
+    st.image(strip, width="stretch", caption=f"α maps ({maps.METHODS[ctx.maps.method]}, "
+                                             f"normalised {maps.NORMS[ctx.maps.norm].lower()})")
+    if ctx.maps.coverage:
+        overlay, cover = maps.coverage_overlay(image.crop, best.alphas, best.grid, ctx.maps)
+        st.markdown(f"**Coverage Σ_t α_t** (ranges {cover.min():.2f} – {cover.max():.2f}; the doubly stochastic "
+                    "penalty pushes every cell towards 1)")
+        draw_alpha(overlay, cover, key="coverage_fig", value_name="Σα", height=320)
+    stem = f"scene_{image.record.id}" if image.record is not None else image.key.replace(":", "_")
+    draw_exports(image.crop, words, best.alphas, best.betas, best.grid, ctx.maps, viz.strip_png(strip), stem)
+    draw_help("How to read this", (
+        "The caption is the best hypothesis of a beam search (beam size 1 = greedy). The score is the "
+        "sum of the words' log-probabilities (divided by length^n when length normalisation is on). "
+        "Each panel of the strip shows α_t, the attention of the step that produced the word under it, over "
+        f"the {best.grid[0]}×{best.grid[1]} grid of annotation vectors. " + crop_note(image)))
+
+
+main()
