@@ -253,7 +253,7 @@ class Trainer:
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.optimizer.step()
-        return {"loss": float(parts.total), "nll": parts.nll, "dsa": parts.dsa,
+        return {"loss": float(parts.total.detach()), "nll": parts.nll, "dsa": parts.dsa,
                 "reinforce": parts.reinforce, "entropy": parts.entropy}
 
     def _autocast(self):
