@@ -1,0 +1,310 @@
+"""Evaluate a checkpoint on a dataset split: caption metrics, grounded accuracy, attention statistics.
+
+    python -m sat_core.evaluate --checkpoint checkpoints/soft --data data/world/dataset.json \
+        --images data/world --split test --beam 3 --out metrics.json [--records records.json]
+
+Captions come from free-running decoding (``decoding.beam_search``, batched), metrics from
+``metrics.caption_metrics``. On datasets whose images carry scene objects (the synthetic world) it
+also reports grounded accuracy (``grounding.ground``/``aggregate``), attention correctness — for
+every generated shape, colour or size word matched to exactly one object, the share of the α of the
+step that produced it inside that object's mask, next to the uniform baseline — and per-image
+records for error analysis. α entropy per word is reported for every dataset, β per word kind for
+gated (soft) models. This module is the one place evaluation records are computed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint, write_json_atomic
+from sat_core.config import DecodeConfig
+from sat_core.data import ImageRecord, KarpathyData, load_karpathy
+from sat_core.decoding import Hypothesis, beam_search, pick_device
+from sat_core.errors import DatasetError, ImageError, SatError
+from sat_core.images import CropInfo, load_image, preprocess
+
+# Words that name an object (attention correctness); count words ("a", "two") are left out:
+# "a" is an article as much as a count, and "two" names two objects.
+NAMING_KINDS = ("shape", "colour", "size")
+WORD_KINDS = ("shape", "colour", "size", "count", "relation", "function")
+_GRID_CELL = 8  # px per grid cell when a mask has to be resampled to tile the α grid
+
+
+@dataclass
+class Decoded:
+    """One evaluated image: its dataset record, the best hypothesis and where the encoder looked."""
+
+    index: int  # position in ``data.images``; the key for metrics
+    record: ImageRecord
+    hypothesis: Hypothesis
+    crop: CropInfo
+
+
+# ---- decoding -------------------------------------------------------------------------------------
+
+def decode_split(
+    loaded: LoadedCheckpoint,
+    data: KarpathyData,
+    split: str,
+    cfg: DecodeConfig,
+    *,
+    limit: int | None = None,
+    batch_size: int = 32,
+) -> tuple[list[Decoded], list[str]]:
+    """Free-running decoding of the split's images in batches; returns (decoded, skipped messages)."""
+    indices = data.split(split)[:limit] if limit else data.split(split)
+    decoded, skipped = [], []
+    for start in range(0, len(indices), batch_size):
+        tensors, kept = [], []
+        for i in indices[start : start + batch_size]:
+            try:
+                tensor, crop = preprocess(load_image(data.images[i].path), loaded.preprocess)  # (3, S, S)
+            except ImageError as err:
+                skipped.append(str(err))
+                continue
+            tensors.append(tensor)
+            kept.append((i, crop))
+        if not tensors:
+            continue
+        beams = beam_search(loaded.model, torch.stack(tensors), loaded.vocab, cfg)  # (B, 3, S, S) -> B lists
+        for (i, crop), hyps in zip(kept, beams):
+            decoded.append(Decoded(i, data.images[i], hyps[0], crop))
+    if not decoded:
+        raise DatasetError(
+            f"No image of split {split!r} could be read ({'; '.join(skipped[:2]) or 'none listed'}); "
+            f"check the images folder {data.images_dir}."
+        )
+    return decoded, skipped
+
+
+# ---- per-word attention figures ---------------------------------------------------------------------
+
+def mask_on_alpha_grid(mask: np.ndarray, crop: CropInfo, grid: tuple[int, int]) -> np.ndarray:
+    """An object mask in original-image pixels, cut to the encoder's crop, tiling the α grid exactly."""
+    width, height = crop.original_size
+    if mask.shape != (height, width):
+        raise DatasetError(
+            f"An object mask is {mask.shape[1]}x{mask.shape[0]} px but its image is {width}x{height}; "
+            "the dataset's masks do not belong to its images. Regenerate the dataset."
+        )
+    cut = mask[crop.top : crop.bottom, crop.left : crop.right]  # (side, side)
+    gh, gw = grid
+    if cut.shape[0] % gh == 0 and cut.shape[1] % gw == 0:
+        return cut
+    rows = np.arange(gh * _GRID_CELL) * cut.shape[0] // (gh * _GRID_CELL)
+    cols = np.arange(gw * _GRID_CELL) * cut.shape[1] // (gw * _GRID_CELL)
+    return cut[rows][:, cols]  # (gh·cell, gw·cell), nearest neighbour
+
+
+def alpha_entropy(alphas: np.ndarray) -> np.ndarray:
+    """Entropy in nats of each α row (T, L) -> (T,)."""
+    p = np.asarray(alphas, dtype=np.float64)
+    p = p / p.sum(axis=1, keepdims=True)
+    return -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=1)
+
+
+def word_attention(dec: Decoded, token_objects: dict[int, list[int]]) -> list[dict[str, Any]]:
+    """Per generated word matched to exactly one object: share of its α on that object's mask."""
+    from sat_core.grounding import attention_correctness, word_kind
+    from sat_core.world import rle_decode
+
+    hyp = dec.hypothesis
+    objects = {o["id"]: o for o in dec.record.objects or []}
+    rows = []
+    for t, ids in sorted(token_objects.items()):
+        if len(ids) != 1 or t >= len(hyp.words):
+            continue
+        mask = mask_on_alpha_grid(rle_decode(objects[ids[0]]["mask"]), dec.crop, hyp.grid)
+        share, baseline = attention_correctness(hyp.alphas[t].reshape(hyp.grid), mask)  # α of step t
+        rows.append({"index": t, "word": hyp.words[t], "kind": word_kind(hyp.words[t]),
+                     "object": ids[0], "share": share, "baseline": baseline})
+    return rows
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return float(np.mean(values)) if len(values) else None
+
+
+# ---- records and summaries ------------------------------------------------------------------------
+
+def image_record(dec: Decoded, scores: dict[str, float]) -> tuple[dict[str, Any], Any]:
+    """The per-image record (JSON-ready) and its Grounding (None without scene objects)."""
+    from sat_core.grounding import ground
+
+    hyp = dec.hypothesis
+    entropy = alpha_entropy(hyp.alphas[: len(hyp.words)]) if hyp.words else np.zeros(0)
+    record: dict[str, Any] = {
+        "image_id": dec.record.id, "filename": dec.record.path.name, "caption": hyp.caption,
+        "tokens": list(hyp.words), "references": [" ".join(s) for s in dec.record.sentences],
+        "scores": {k: scores[k] for k in ("CIDEr", "BLEU-4")}, "logprob": hyp.logprob,
+        "finished": hyp.finished, "errors": [], "grounding": None, "words": [],
+        "attention_correctness": None, "alpha_entropy": _mean(entropy),
+    }
+    if dec.record.objects is None:
+        return record, None
+    grounding = ground(hyp.words, dec.record.objects)
+    words = word_attention(dec, grounding.token_objects)
+    g = grounding.to_dict()
+    g["token_objects"] = {str(t): ids for t, ids in g["token_objects"].items()}  # JSON keys are strings
+    record.update(errors=grounding.labels, grounding=g, words=words, attention_correctness=_mean(
+        [w["share"] for w in words if w["kind"] in NAMING_KINDS]))
+    return record, grounding
+
+
+def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """α entropy per generated word over all words; attention correctness over naming words."""
+    alphas = [d.hypothesis.alphas[: len(d.hypothesis.words)] for d in decoded if d.hypothesis.words]
+    L = decoded[0].hypothesis.alphas.shape[1]
+    entropy = alpha_entropy(np.concatenate(alphas)) if alphas else np.zeros(0)
+    out: dict[str, Any] = {
+        "n_words": int(entropy.size), "regions": L,
+        "entropy_nats": _mean(entropy),
+        "entropy_normalised": _mean(entropy / math.log(L)) if L > 1 else None,
+    }
+    words = [w for r in records for w in r["words"]]
+    if any(d.record.objects is not None for d in decoded):
+        naming = [w for w in words if w["kind"] in NAMING_KINDS]
+        share, base = _mean([w["share"] for w in naming]), _mean([w["baseline"] for w in naming])
+        out.update(correctness=share, baseline=base, n_grounded_words=len(naming),
+                   ratio=share / base if share is not None and base else None,
+                   by_kind={k: {"n": len(ws), "correctness": _mean([w["share"] for w in ws]),
+                                "baseline": _mean([w["baseline"] for w in ws])}
+                            for k in WORD_KINDS if (ws := [w for w in words if w["kind"] == k])})
+    return out
+
+
+def beta_by_kind(decoded: Sequence[Decoded]) -> dict[str, dict[str, float]]:
+    """Mean gate β_t over the generated words of each kind (call only for gated models)."""
+    from sat_core.grounding import word_kind
+
+    values: dict[str, list[float]] = {}
+    for d in decoded:
+        for word, beta in zip(d.hypothesis.words, d.hypothesis.betas):
+            values.setdefault(word_kind(word), []).append(float(beta))
+    return {k: {"n": len(values[k]), "mean": float(np.mean(values[k]))} for k in WORD_KINDS if k in values}
+
+
+def score_decoded(decoded: Sequence[Decoded], *, gated: bool, meteor: bool = True) -> dict[str, Any]:
+    """Corpus metrics, grounded accuracy, attention figures, β by kind and records of decoded images."""
+    from sat_core.grounding import aggregate
+    from sat_core.metrics import caption_metrics
+
+    refs = {d.index: [" ".join(s) for s in d.record.sentences] for d in decoded}
+    report = caption_metrics(refs, {d.index: d.hypothesis.caption for d in decoded}, meteor=meteor)
+    records, groundings = [], []
+    for d in decoded:
+        record, grounding = image_record(d, report.per_image[d.index])
+        records.append(record)
+        if grounding is not None:
+            groundings.append(grounding)
+    return {
+        "corpus": report.corpus,
+        "grounded": aggregate(groundings) if groundings else {},
+        "attention": attention_summary(decoded, records),
+        "beta_by_kind": beta_by_kind(decoded) if gated else {},
+        "notes": list(report.notes) + ([] if gated else ["no gate β in this model (hard attention or gate off)"]),
+        "records": records,
+    }
+
+
+def evaluate(
+    loaded: LoadedCheckpoint,
+    data: KarpathyData,
+    split: str,
+    cfg: DecodeConfig,
+    *,
+    limit: int | None = None,
+    meteor: bool = True,
+    batch_size: int = 32,
+) -> dict[str, Any]:
+    """Decode a split (or its first ``limit`` images) and compute every evaluation figure."""
+    decoded, skipped = decode_split(loaded, data, split, cfg, limit=limit, batch_size=batch_size)
+    scored = score_decoded(decoded, gated=bool(loaded.model.decoder.gated), meteor=meteor)
+    return {"checkpoint": str(loaded.path), "split": split, "beam": cfg.beam_size, "max_len": cfg.max_len,
+            "n_images": len(decoded), "skipped": skipped, **scored}
+
+
+# ---- command line ---------------------------------------------------------------------------------
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """A compact human summary of ``evaluate``'s result."""
+    lines = [f"{result['n_images']} {result['split']} images, beam {result['beam']} ({result['checkpoint']})"
+             + (f", {len(result['skipped'])} skipped" if result["skipped"] else "")]
+    lines.append("  ".join(f"{k} {v:.3f}" for k, v in result["corpus"].items()))
+    g = result["grounded"]
+    if g:
+        keys = ("precision", "recall", "colour_accuracy", "shape_accuracy", "size_accuracy",
+                "count_accuracy", "relation_accuracy")
+        lines.append("grounded: " + "  ".join(f"{k.removesuffix('_accuracy')} {_fmt(g.get(k))}" for k in keys))
+    a = result["attention"]
+    if a.get("correctness") is not None:
+        lines.append(f"attention correctness {_fmt(a['correctness'])} vs uniform {_fmt(a['baseline'])} "
+                     f"({_fmt(a['ratio'])}x) over {a['n_grounded_words']} words")
+    lines.append(f"α entropy per word {_fmt(a['entropy_nats'])} nats "
+                 f"({_fmt(a['entropy_normalised'])} of log L, L={a['regions']}) over {a['n_words']} words")
+    if result["beta_by_kind"]:
+        lines.append("β by kind: " + "  ".join(f"{k} {v['mean']:.3f}" for k, v in result["beta_by_kind"].items()))
+    lines += [f"note: {n}" for n in result["notes"]]
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sat_core.evaluate", description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder (model.safetensors + config.json)")
+    p.add_argument("--data", required=True, help="Karpathy-format dataset JSON")
+    p.add_argument("--images", required=True, help="folder holding the dataset's images")
+    p.add_argument("--split", default="test")
+    p.add_argument("--beam", type=int, default=3, help="beam size (1 = greedy)")
+    p.add_argument("--max-len", type=int, default=DecodeConfig.max_len)
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the split's first N images")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--no-meteor", action="store_true", help="skip METEOR (its JVM takes ~12 s to start)")
+    p.add_argument("--out", required=True, help="where to write the metrics JSON")
+    p.add_argument("--records", help="also write the per-image records to this JSON file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.limit is not None and args.limit < 1:
+            raise SatError(f"--limit must be at least 1, not {args.limit}.")
+        cfg = DecodeConfig(beam_size=args.beam, max_len=args.max_len)
+        loaded = load_checkpoint(args.checkpoint, device=pick_device(args.device))
+        data = load_karpathy(args.data, args.images)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = evaluate(loaded, data, args.split, cfg, limit=args.limit, meteor=not args.no_meteor,
+                              batch_size=args.batch_size)
+        write_json_atomic(args.out, result)
+        if args.records:
+            write_json_atomic(args.records, result["records"])
+    except (SatError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    for message in result["skipped"]:
+        print(f"skipped: {message}", file=sys.stderr)
+    print("\n".join(summary_lines(result)))
+    print(f"wrote {args.out}" + (f" and {args.records}" if args.records else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

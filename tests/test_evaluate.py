@@ -1,0 +1,225 @@
+"""Evaluation: structure and ranges, metrics equal to caption_metrics, attention correctness checked
+by recomputation and by an oracle whose α is exactly the named object's mask."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from sat_core import world
+from sat_core.checkpoint import load_checkpoint, save_checkpoint
+from sat_core.config import DecodeConfig, PreprocessConfig
+from sat_core.data import build_vocab, load_karpathy
+from sat_core.decoding import Hypothesis
+from sat_core.evaluate import (
+    NAMING_KINDS, Decoded, decode_split, evaluate, image_record, main, mask_on_alpha_grid, score_decoded,
+)
+from sat_core.grounding import attention_correctness, ground
+from sat_core.images import load_image, preprocess
+from sat_core.metrics import BLEU_KEYS, caption_metrics
+from sat_core.models.captioner import Captioner
+from tests.conftest import tiny_config
+
+N_TEST = 12
+CFG = DecodeConfig(beam_size=2, max_len=10)
+
+
+@pytest.fixture(scope="module")
+def world_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("world")
+    path = world.generate(root, 10, 0, N_TEST, seed=3, workers=1)
+    return root, path, load_karpathy(path, root)
+
+
+def _nudge_towards_object_words(model, vocab) -> None:
+    """Random weights repeat one word; favour colour and shape words so captions name objects."""
+    with torch.no_grad():
+        for word, bonus in [(w, 3.0) for w in world.COLOURS] + [(w, 2.5) for w in world.SHAPES]:
+            if word in vocab.stoi:
+                model.decoder.L_o.bias[vocab.stoi[word]] += bonus
+
+
+@pytest.fixture(scope="module", params=["soft", "hard"])
+def checkpoint(request, world_data, tmp_path_factory):
+    _, _, data = world_data
+    vocab = build_vocab(data, min_count=1)
+    torch.manual_seed(0)
+    config = tiny_config(len(vocab), attention=request.param)
+    model = Captioner(config).eval()
+    _nudge_towards_object_words(model, vocab)
+    directory = tmp_path_factory.mktemp(f"ckpt_{request.param}") / "ckpt"
+    save_checkpoint(directory, model, model_config=config, vocab=vocab, preprocess=PreprocessConfig(112))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def result(checkpoint, world_data):
+    return evaluate(load_checkpoint(checkpoint), world_data[2], "test", CFG, meteor=False)
+
+
+def test_structure_and_value_ranges(result, checkpoint):
+    assert result["n_images"] == N_TEST and len(result["records"]) == N_TEST and result["beam"] == 2
+    assert set(result["corpus"]) == {*BLEU_KEYS, "ROUGE-L", "CIDEr"}  # METEOR off
+    assert all(v >= 0 for v in result["corpus"].values())
+    g = result["grounded"]
+    assert g["n"] == N_TEST and 0 <= g["precision"] <= 1 and 0 <= g["recall"] <= 1
+    a = result["attention"]
+    assert a["regions"] == 196 and a["n_words"] == sum(len(r["tokens"]) for r in result["records"])
+    assert 0 < a["entropy_nats"] <= math.log(196) + 1e-9
+    assert a["entropy_normalised"] == pytest.approx(a["entropy_nats"] / math.log(196))
+    assert a["n_grounded_words"] > 0, "the nudged model must name some objects"
+    assert 0 <= a["correctness"] <= 1 and 0 < a["baseline"] < 1
+    assert a["ratio"] == pytest.approx(a["correctness"] / a["baseline"])
+    soft = "soft" in str(checkpoint.parent.name)
+    if soft:
+        assert result["beta_by_kind"] and all(0 < v["mean"] < 1 for v in result["beta_by_kind"].values())
+        assert sum(v["n"] for v in result["beta_by_kind"].values()) == a["n_words"]
+    else:
+        assert result["beta_by_kind"] == {} and any("no gate" in n for n in result["notes"])
+    for r in result["records"]:
+        assert r["caption"] == " ".join(r["tokens"]) and len(r["references"]) == 5
+        assert set(r["scores"]) == {"CIDEr", "BLEU-4"}
+        assert set(r["errors"]) <= set(r["grounding"]["errors"])
+    json.dumps(result)  # JSON-ready as returned
+
+
+def test_metrics_equal_caption_metrics_on_the_same_captions(result):
+    refs = {r["image_id"]: r["references"] for r in result["records"]}
+    hyps = {r["image_id"]: r["caption"] for r in result["records"]}
+    direct = caption_metrics(refs, hyps, meteor=False)
+    assert result["corpus"] == direct.corpus
+    for r in result["records"]:
+        assert r["scores"]["CIDEr"] == direct.per_image[r["image_id"]]["CIDEr"]
+        assert r["scores"]["BLEU-4"] == direct.per_image[r["image_id"]]["BLEU-4"]
+
+
+def test_grounded_figures_equal_ground_on_each_caption(result, world_data):
+    data = world_data[2]
+    by_id = {rec.id: rec for rec in data.images}
+    for r in result["records"]:
+        g = ground(r["tokens"], by_id[r["image_id"]].objects)
+        assert r["errors"] == g.labels and r["grounding"]["precision"] == g.precision
+
+
+def test_attention_correctness_equals_direct_recomputation(checkpoint, world_data):
+    _, _, data = world_data
+    decoded, skipped = decode_split(load_checkpoint(checkpoint), data, "test", CFG, limit=6, batch_size=4)
+    assert not skipped and len(decoded) == 6
+    checked = 0
+    for dec in decoded:
+        record, grounding = image_record(dec, {"CIDEr": 0.0, "BLEU-4": 0.0})
+        objects = {o["id"]: o for o in dec.record.objects}
+        expected = []
+        for t, ids in grounding.token_objects.items():
+            if len(ids) == 1 and t < len(dec.hypothesis.words):
+                mask = world.rle_decode(objects[ids[0]]["mask"])  # 112×112 tiles the 14×14 grid
+                share, _ = attention_correctness(dec.hypothesis.alphas[t].reshape(14, 14), mask)
+                if record["words"][len(expected)]["kind"] in NAMING_KINDS:
+                    checked += 1
+                expected.append(share)
+        assert [w["share"] for w in record["words"]] == pytest.approx(expected, abs=1e-12)
+    assert checked > 0
+
+
+def _cell_aligned(objects):
+    """Objects whose masks are whole 8×8 cells (the cells their mask touches most), so α can equal them."""
+    out = []
+    for o in objects:
+        cover = world.rle_decode(o["mask"]).reshape(14, 8, 14, 8).mean(axis=(1, 3))  # (14, 14)
+        cells = cover >= cover.max() * 0.5
+        out.append({**o, "mask": world.rle_encode(np.kron(cells, np.ones((8, 8), bool)))})
+    return out
+
+
+def _oracle(data, vocab, alpha_for):
+    """Decoded items whose caption is the first reference and whose α at word t is alpha_for(mask)."""
+    decoded = []
+    for i in data.split("test"):
+        rec = data.images[i]
+        rec.objects = _cell_aligned(rec.objects)
+        words = rec.sentences[0]
+        links = dict((t, ids) for t, ids in rec.links[0])
+        alphas = np.full((len(words) + 1, 196), 1 / 196)
+        for t, ids in links.items():
+            mask = world.rle_decode(next(o for o in rec.objects if o["id"] == ids[0])["mask"])
+            alphas[t] = alpha_for(mask)
+        hyp = Hypothesis(vocab.encode(words, add_specials=False) + [vocab.end_id], list(words), -1.0, -1.0,
+                         alphas, np.full(len(words) + 1, 0.5), np.full(len(words) + 1, -1), True, (14, 14))
+        _, crop = preprocess(load_image(rec.path), PreprocessConfig(112))
+        decoded.append(Decoded(i, rec, hyp, crop))
+    return decoded
+
+
+def _coverage(mask):
+    cover = mask.reshape(14, 8, 14, 8).mean(axis=(1, 3)).reshape(-1)  # (196,)
+    return cover / cover.sum()
+
+
+def test_oracle_alpha_on_the_named_object_scores_one(world_data):
+    data = load_karpathy(world_data[1], world_data[0])  # a fresh copy: _oracle edits the objects
+    vocab = build_vocab(data, min_count=1)
+    out = score_decoded(_oracle(data, vocab, _coverage), gated=True, meteor=False)
+    a = out["attention"]
+    assert a["n_grounded_words"] > N_TEST and a["correctness"] == pytest.approx(1.0)
+    scored = [r["attention_correctness"] for r in out["records"] if r["attention_correctness"] is not None]
+    assert len(scored) >= N_TEST // 2 and scored == pytest.approx([1.0] * len(scored))  # None: only plurals
+    assert a["ratio"] == pytest.approx(1.0 / a["baseline"])
+    # The first reference describes its scene exactly.
+    assert out["grounded"]["precision"] == 1.0 and out["grounded"]["recall"] == 1.0
+    assert out["grounded"]["colour_accuracy"] == 1.0 and out["grounded"]["shape_accuracy"] == 1.0
+    assert out["beta_by_kind"]["shape"]["mean"] == pytest.approx(0.5)
+
+
+def test_uniform_alpha_scores_the_baseline(world_data):
+    data = load_karpathy(world_data[1], world_data[0])
+    vocab = build_vocab(data, min_count=1)
+    out = score_decoded(_oracle(data, vocab, lambda mask: np.full(196, 1 / 196)), gated=False, meteor=False)
+    a = out["attention"]
+    assert a["correctness"] == pytest.approx(a["baseline"]) and a["ratio"] == pytest.approx(1.0)
+    assert a["entropy_nats"] == pytest.approx(math.log(196))
+    assert a["entropy_normalised"] == pytest.approx(1.0)
+
+
+def test_mask_is_cut_to_the_crop_and_resampled_to_the_grid():
+    from sat_core.images import CropInfo
+
+    mask = np.zeros((100, 140), bool)
+    mask[:, 20:70] = True  # the left half of the centred 100×100 crop (columns 20..119)
+    crop = CropInfo(20, 0, 120, 100, 1.12, (140, 100), 112)
+    on_grid = mask_on_alpha_grid(mask, crop, (14, 14))
+    assert on_grid.shape == (112, 112) and on_grid[:, :56].all() and not on_grid[:, 56:].any()
+
+
+def test_cli_writes_metrics_and_records(checkpoint, world_data, tmp_path, capsys):
+    root, path, _ = world_data
+    out, recs = tmp_path / "m.json", tmp_path / "r.json"
+    code = main(["--checkpoint", str(checkpoint), "--data", str(path), "--images", str(root), "--split", "test",
+                 "--beam", "1", "--max-len", "6", "--limit", "5", "--no-meteor", "--device", "cpu",
+                 "--out", str(out), "--records", str(recs)])
+    assert code == 0
+    written = json.loads(out.read_text())
+    assert {"checkpoint", "split", "beam", "n_images", "corpus", "grounded", "attention", "beta_by_kind",
+            "records"} <= set(written)
+    assert written["n_images"] == 5 and written["beam"] == 1
+    assert json.loads(recs.read_text()) == written["records"]
+    printed = capsys.readouterr().out
+    assert "5 test images, beam 1" in printed and "CIDEr" in printed and "attention correctness" in printed
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"--split": "val"}, "Split 'val'"),
+    ({"--data": "/nonexistent/dataset.json"}, "does not exist"),
+    ({"--checkpoint": "/nonexistent/ckpt"}, "No checkpoint"),
+])
+def test_cli_user_errors_exit_2(checkpoint, world_data, tmp_path, capsys, change, message):
+    root, path, _ = world_data
+    args = {"--checkpoint": str(checkpoint), "--data": str(path), "--images": str(root),
+            "--out": str(tmp_path / "m.json"), **change}
+    argv = [x for kv in args.items() for x in kv] + ["--no-meteor", "--limit", "2", "--max-len", "3"]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
