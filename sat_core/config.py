@@ -147,6 +147,7 @@ class TrainConfig:
     epochs: int = 10
     batch_size: int = 64
     patience: int = 3  # epochs without a better validation BLEU-4 before stopping; 0: never stop early
+    max_minutes: float = 0.0  # stop before an epoch that would end past this training time; 0: no limit
     min_word_count: int = 5
     max_vocab: int = 10_000
     val_split: str = "val"

@@ -331,7 +331,13 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         self._install_signal_handlers()
+        started, epoch_s = time.perf_counter(), 0.0
         while self.epoch < cfg.epochs:
+            spent = (time.perf_counter() - started) / 60
+            if cfg.max_minutes and spent + epoch_s / 60 > cfg.max_minutes:
+                self._log({"event": "time_budget", "epoch": self.epoch, "minutes": spent})
+                break
+            epoch_started = time.perf_counter()
             stats = self.train_one_epoch()
             val = self.validate() if self.main_process else {}
             bleu4 = val.get("BLEU-4", 0.0)
@@ -346,6 +352,7 @@ class Trainer:
                     self._save_model(self.run_dir / "best", metrics={f"val_{k}": v for k, v in val.items()})
             self.save_last()
             self._barrier()
+            epoch_s = time.perf_counter() - epoch_started
             if cfg.patience and self.bad_epochs >= cfg.patience:
                 self._log({"event": "early_stop", "epoch": self.epoch, "best_bleu4": self.best})
                 break

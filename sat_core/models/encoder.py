@@ -25,7 +25,7 @@ def _conv(c_in: int, c_out: int, stride: int) -> list[nn.Module]:
 
 
 class SmallCNN(nn.Module):
-    """Stride-2 stages of two 3×3 convs each: 112 px -> 14×14 with three stages.
+    """Stride-2 stages of 3×3 convs (one in the first stage, two after): 112 px -> 14×14 in three.
 
     The last stage also sees two coordinate channels (x, y in [−1, 1]): a context vector ẑ_t is a
     blend of annotations, and without them it would not say *where* the attended object is, which
@@ -38,7 +38,10 @@ class SmallCNN(nn.Module):
         c_in = 3
         for i, c_out in enumerate(channels):
             extra = 2 if i == len(channels) - 1 else 0
-            stages.append(nn.Sequential(*_conv(c_in + extra, c_out, 2), *_conv(c_out, c_out, 1)))
+            layers = _conv(c_in + extra, c_out, 2)
+            if i > 0:  # a second conv at full resolution would cost most of the encoder's time
+                layers += _conv(c_out, c_out, 1)
+            stages.append(nn.Sequential(*layers))
             c_in = c_out
         self.stages = nn.ModuleList(stages)
         self.stride = 2 ** len(channels)
