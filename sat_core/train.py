@@ -150,6 +150,8 @@ class Trainer:
 
     def _load_data(self, resume: str | None) -> None:
         cfg = self.cfg
+        if resume:
+            _require_state(Path(resume) / "last")  # before the slow part: decoding every image
         self.data = load_karpathy(cfg.data, cfg.images)
         self.preprocess = preprocess_config(cfg)
         if resume:
@@ -209,7 +211,7 @@ class Trainer:
         self.loader.batch_sampler.set_epoch(self.epoch)
         totals = {"loss": 0.0, "nll": 0.0, "dsa": 0.0, "reinforce": 0.0, "entropy": 0.0}
         batches, captions, started = 0, 0, time.perf_counter()
-        for i, batch in enumerate(self._progress(self.loader)):
+        for i, batch in enumerate(self._progress(self._batches())):
             if i < self.batch_in_epoch:
                 continue  # resumed mid-epoch: these batches were already trained on
             parts = self._train_step(batch)
@@ -261,10 +263,22 @@ class Trainer:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return torch.autocast("cpu", enabled=False)
 
+    def _batches(self):
+        """The loader's iterator, minus the global-RNG draw DataLoader makes for a worker seed.
+
+        num_workers=0 never uses that seed, and a mid-epoch resume would draw it a second time,
+        shifting every later random number (hard attention's samples, dropout) off the original run.
+        """
+        rng = torch.get_rng_state()
+        batches = iter(self.loader)
+        torch.set_rng_state(rng)
+        return batches
+
     def _progress(self, loader):
         from tqdm import tqdm
 
-        return tqdm(loader, desc=f"epoch {self.epoch + 1}/{self.cfg.epochs}", unit="batch", leave=False,
+        return tqdm(loader, total=len(self.loader), desc=f"epoch {self.epoch + 1}/{self.cfg.epochs}",
+                    unit="batch", leave=False,
                     disable=not (self.cfg.progress and self.main_process and sys.stderr.isatty()))
 
     # -- validation: free-running decoding, BLEU-4
@@ -309,8 +323,6 @@ class Trainer:
 
     def _restore(self) -> None:
         last = self.run_dir / "last"
-        if not (last / STATE_JSON).is_file():
-            raise SatError(f"{last} holds no resumable state ({STATE_JSON} missing); start a new run instead.")
         tensors, _config = ckpt.read_checkpoint(last)
         self.model.load_state_dict(tensors)
         state = json.loads((last / STATE_JSON).read_text())
@@ -329,8 +341,15 @@ class Trainer:
     # -- the run
 
     def run(self) -> dict[str, Any]:
+        previous = self._install_signal_handlers()
+        try:
+            return self._run_epochs()
+        finally:  # a library caller (tests, notebooks) gets its own handlers back
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run_epochs(self) -> dict[str, Any]:
         cfg = self.cfg
-        self._install_signal_handlers()
         started, epoch_s = time.perf_counter(), 0.0
         while self.epoch < cfg.epochs:
             spent = (time.perf_counter() - started) / 60
@@ -375,12 +394,18 @@ class Trainer:
 
             dist.barrier()
 
-    def _install_signal_handlers(self) -> None:
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """Turn SIGINT/SIGTERM into a flag checked after each step; returns the handlers replaced."""
         def handler(signum, _frame):
             self.stop_signal = signum
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, handler)
+        return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _require_state(last: Path) -> None:
+    if not (last / STATE_JSON).is_file() or not (last / ckpt.CONFIG_FILE).is_file():
+        raise SatError(f"{last} holds no resumable state ({STATE_JSON} missing): the run stopped before its "
+                       "first checkpoint. Start a new run instead of --resume.")
 
 
 def _numpy_state() -> list[Any]:
