@@ -1,0 +1,258 @@
+"""The training CLI, driven through ``sat_core.train.main([...])`` on a tiny CPU model.
+
+A tiny model memorises four captions until greedy decoding says them back; the saved checkpoint
+reloads to the same logits; a run split by ``--resume`` (between epochs or mid-epoch, soft or hard
+attention) ends bit-identical to an uninterrupted one; bad inputs exit with code 2 and a clear message.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from sat_core import checkpoint as ckpt
+from sat_core import train
+from sat_core.config import DecodeConfig
+from sat_core.data import ImageStore, load_karpathy, normalise
+from sat_core.decoding import beam_search
+from tests.fixtures_world import CAPTIONS, make_dataset, train_args
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny ops on 2 shared cores run faster, and reproducibly, on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> tuple[Path, Path]:
+    """Four images, one distinct caption each, in train and again in val."""
+    return make_dataset(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def world_data(tmp_path_factory) -> tuple[Path, Path]:
+    """Six images with five varied world captions each: ~8 batches of 4 per epoch, mixed lengths."""
+    root = tmp_path_factory.mktemp("world")
+    from sat_core.world import generate
+
+    return generate(root, 6, 2, 0, seed=3, workers=1), root
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    return ckpt.read_tensors(run / "last" / ckpt.WEIGHTS_FILE)[0]
+
+
+def _state(run: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    state = json.loads((run / "last" / train.STATE_JSON).read_text())
+    return state, ckpt.read_tensors(run / "last" / train.STATE_TENSORS)[0]
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    """Weights, optimizer moments, RNG streams and counters of ``a/last`` and ``b/last`` all equal."""
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    differ = [k for k in wa if not torch.equal(wa[k], wb[k])]
+    assert not differ, f"weights differ after resume: {differ[:5]}"
+    (sa, ta), (sb, tb) = _state(a), _state(b)
+    assert ta.keys() == tb.keys()
+    differ = [k for k in ta if not torch.equal(ta[k], tb[k])]
+    assert not differ, f"optimizer/RNG state differs after resume: {differ[:5]}"
+    for key in ("epoch", "batch_in_epoch", "step", "baseline", "best", "bad_epochs", "numpy_rng", "python_rng"):
+        assert sa[key] == sb[key], key
+
+
+def _greedy(checkpoint: Path, data: Path, images: Path) -> list[str]:
+    loaded = ckpt.load_checkpoint(checkpoint)
+    dataset = load_karpathy(data, images)
+    ids = dataset.split("train")
+    store = ImageStore(dataset, loaded.preprocess, splits=("train",), progress=False)
+    inputs = normalise(store.batch(ids), loaded.preprocess)  # (4, 3, S, S)
+    hyps = beam_search(loaded.model, inputs, loaded.vocab, DecodeConfig(beam_size=1, max_len=12))
+    return [h[0].caption for h in hyps]
+
+
+# ----------------------------------------------------------------------------- learning
+
+
+def test_tiny_model_overfits_four_captions_through_the_cli(tiny_data, tmp_path, capsys):
+    data, images = tiny_data
+    run = tmp_path / "run"
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    code = train.main(train_args(data, images, run, "--epochs", "40", "--lr", "1e-2", "--patience", "0"))
+    assert code == 0, capsys.readouterr().err
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["best_bleu4"] > 0.999
+    # A library call must leave the caller's signal handlers as they were.
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    epochs = [r for r in log if "val" in r]
+    assert epochs[-1]["nll"] < 0.5 * epochs[0]["nll"], "the loss did not go down"
+    assert [r["epoch"] for r in epochs] == list(range(1, 41)), "--patience 0 never stops early"
+    assert _greedy(run / "best", data, images) == CAPTIONS
+    best = json.loads((run / "best" / ckpt.CONFIG_FILE).read_text())
+    assert best["metrics"]["val_BLEU-4"] > 0.999
+    assert json.loads((run / "train_config.json").read_text())["lr"] == 1e-2
+
+
+def test_patience_stops_a_run_that_does_not_improve(tiny_data, tmp_path):
+    data, images = tiny_data
+    run = tmp_path / "run"
+    assert train.main(train_args(data, images, run, "--epochs", "10", "--lr", "0", "--patience", "2")) == 0
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    # lr 0: BLEU never changes, so epoch 1 is the best and epochs 2-3 use up the patience.
+    assert [r.get("epoch") for r in log if "val" in r] == [1, 2, 3]
+    assert log[-1] == {"event": "early_stop", "epoch": 3, "best_bleu4": log[0]["val"]["BLEU-4"]}
+    assert _state(run)[0]["bad_epochs"] == 2
+
+
+def test_save_then_load_gives_identical_logits(tiny_data, tmp_path):
+    data, images = tiny_data
+    cfg, resume = train.parse_config(train_args(data, images, tmp_path / "run", "--epochs", "2", "--lr", "1e-2"))
+    trainer = train.Trainer(cfg, resume)
+    trainer.run()
+    loaded = ckpt.load_checkpoint(tmp_path / "run" / "last")
+    assert loaded.vocab.to_dict() == trainer.vocab.to_dict()
+    assert loaded.preprocess == trainer.preprocess
+
+    live = trainer.model.eval()
+    batch = next(iter(trainer.loader))
+    inputs = normalise(batch.images, trainer.preprocess)  # (U, 3, S, S)
+    with torch.no_grad():
+        a = live(inputs, batch.captions, image_index=batch.image_index).logits  # (B, T, V)
+        b = loaded.model(inputs, batch.captions, image_index=batch.image_index).logits
+    assert a.shape == (batch.captions.shape[0], batch.captions.shape[1] - 1, len(trainer.vocab))
+    assert torch.equal(a, b)
+    for k, v in live.state_dict().items():
+        assert torch.equal(v, loaded.model.state_dict()[k]), k
+
+
+# ----------------------------------------------------------------------------- exact resume
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_resume_between_epochs_matches_an_uninterrupted_run(world_data, tmp_path, attention):
+    data, images = world_data
+    flags = ("--attention", attention, "--batch-size", "4", "--lr", "3e-3", "--patience", "0", "--seed", "7")
+    assert train.main(train_args(data, images, tmp_path / "a", "--epochs", "2", *flags)) == 0
+    assert train.main(train_args(data, images, tmp_path / "b", "--epochs", "1", *flags)) == 0
+    assert _state(tmp_path / "b")[0]["epoch"] == 1
+    assert not _weights_equal(tmp_path / "a", tmp_path / "b"), "one epoch vs two: the test cannot tell"
+    assert train.main(["--resume", str(tmp_path / "b"), "--epochs", "2"]) == 0
+    assert_same_run(tmp_path / "a", tmp_path / "b")
+    state = _state(tmp_path / "b")[0]
+    if attention == "hard":
+        assert isinstance(state["baseline"], float), "hard attention must carry its moving baseline"
+    else:
+        assert state["baseline"] is None
+    logs = [(tmp_path / r / "log.jsonl").read_text().splitlines() for r in ("a", "b")]
+    assert [json.loads(x)["epoch"] for x in logs[1]] == [1, 2]
+    assert json.loads(logs[0][1])["loss"] == json.loads(logs[1][1])["loss"]
+
+
+def _weights_equal(a: Path, b: Path) -> bool:
+    wa, wb = _weights(a), _weights(b)
+    return all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_resume_mid_epoch_after_sigterm_matches_an_uninterrupted_run(world_data, tmp_path, monkeypatch, attention):
+    data, images = world_data
+    flags = ("--attention", attention, "--batch-size", "4", "--lr", "3e-3", "--patience", "0", "--seed", "1",
+             "--epochs", "2")
+    assert train.main(train_args(data, images, tmp_path / "a", *flags)) == 0
+
+    # Deliver "SIGTERM" during the 3rd optimizer step of run b: the handler's flag, as a real signal sets it.
+    original = train.Trainer._train_step
+
+    def step_then_signal(self, batch):
+        out = original(self, batch)
+        if self.step == 2:
+            self.stop_signal = signal.SIGTERM
+        return out
+
+    monkeypatch.setattr(train.Trainer, "_train_step", step_then_signal)
+    assert train.main(train_args(data, images, tmp_path / "b", *flags)) == 130
+    monkeypatch.setattr(train.Trainer, "_train_step", original)
+    state = _state(tmp_path / "b")[0]
+    assert (state["epoch"], state["batch_in_epoch"], state["step"]) == (0, 3, 3)
+    assert train.main(["--resume", str(tmp_path / "b")]) == 0
+    assert_same_run(tmp_path / "a", tmp_path / "b")
+
+
+def test_save_every_writes_mid_epoch_state(world_data, tmp_path, monkeypatch):
+    data, images = world_data
+    seen: list[tuple[int, int]] = []
+    original = train.Trainer.save_last
+
+    def spy(self):
+        original(self)
+        state = json.loads((self.run_dir / "last" / train.STATE_JSON).read_text())
+        seen.append((state["step"], state["batch_in_epoch"]))
+
+    monkeypatch.setattr(train.Trainer, "save_last", spy)
+    args = train_args(data, images, tmp_path / "run", "--epochs", "1", "--batch-size", "4", "--save-every", "3")
+    assert train.main(args) == 0
+    last_step = seen[-1][0]
+    assert last_step >= 6, "the dataset should give several batches an epoch"
+    assert [s for s, _ in seen[:-1]] == list(range(3, last_step + 1, 3))
+    assert all(b == s for s, b in seen[:-1]), "mid-epoch saves record their position in the epoch"
+    assert seen[-1][1] == 0, "the epoch-end save starts the next epoch at batch 0"
+
+
+# ----------------------------------------------------------------------------- bad inputs
+
+
+def _fails(argv: list[str], capsys) -> str:
+    assert train.main(argv) == 2
+    return capsys.readouterr().err
+
+
+def test_missing_dataset_file_is_a_clear_error(tiny_data, tmp_path, capsys):
+    _, images = tiny_data
+    err = _fails(train_args(tmp_path / "nope.json", images, tmp_path / "run"), capsys)
+    assert "nope.json" in err and "does not exist" in err
+
+
+def test_non_json_dataset_is_a_clear_error(tiny_data, tmp_path, capsys):
+    _, images = tiny_data
+    bad = tmp_path / "bad.json"
+    bad.write_text("this is { not json")
+    err = _fails(train_args(bad, images, tmp_path / "run"), capsys)
+    assert "bad.json" in err and "not valid JSON" in err
+
+
+def test_unknown_optimizer_is_refused_before_any_work(tiny_data, tmp_path, capsys):
+    data, images = tiny_data
+    err = _fails(train_args(data, images, tmp_path / "run", "--optimizer", "sgd"), capsys)
+    assert "--optimizer" in err and "adam" in err and "'sgd'" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_data_flags_are_a_clear_error(tmp_path, capsys):
+    err = _fails(["--out", str(tmp_path / "run")], capsys)
+    assert "--data" in err and "--images" in err
+
+
+@pytest.mark.parametrize("content", ["nothing", "config only", "config and weights"])
+def test_resume_without_state_is_a_clear_error(tiny_data, tmp_path, capsys, content):
+    data, images = tiny_data
+    run = tmp_path / "run"
+    run.mkdir()
+    if content != "nothing":  # a run killed before its first checkpoint, or a plain model folder
+        train_cfg = train.parse_config(train_args(data, images, run))[0]
+        ckpt.write_json_atomic(run / "train_config.json", train_cfg.to_dict())
+    if content == "config and weights":
+        trainer = train.Trainer(*train.parse_config(train_args(data, images, tmp_path / "other")))
+        trainer._save_model(run / "last")  # weights and config.json, no resumable state
+    err = _fails(["--resume", str(run)], capsys)
+    assert "--resume" in err or "resumable" in err
+    assert str(run) in err
