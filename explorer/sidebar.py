@@ -42,6 +42,9 @@ def _checkpoint_ui(settings: ServerSettings) -> tuple[dict[str, str], str | None
                                    "start the app with `-- --checkpoints DIR`.")
     options = list(names)
     state.keep_choice("ckpt", options)
+    if "ckpt" not in st.session_state:  # soft attention first: the paper's main model
+        soft = [n for n in options if res.checkpoint_summary(names[n])["attention"] == "soft"]
+        st.session_state["ckpt"] = (soft or options)[0]
     name = st.sidebar.selectbox(
         "Checkpoint", options, key="ckpt",
         format_func=lambda n: f"{n} ({res.checkpoint_summary(names[n])['attention']})",

@@ -30,8 +30,10 @@ def draw_force(view) -> None:
     """Pick another word of the top-k for the current step; decoding continues from it."""
     others = [w for w in view.top_words if w != view.word] or view.top_words
     c1, c2 = st.columns([3, 1])
-    word = c1.selectbox(f"Force a different word at step {view.index + 1}", others, key="force_choice")
-    c2.button("Force word", key="force_button", on_click=stepping.force, args=(word,), width="stretch")
+    c1.selectbox(f"Force a different word at step {view.index + 1}", others, key="force_choice")
+    # The callback reads the choice when clicked (args bound now would hold the previous run's value).
+    c2.button("Force word", key="force_button", on_click=lambda: stepping.force(st.session_state["force_choice"]),
+              width="stretch")
 
 
 def overlay_for_step(ctx, image, session, settings, with_masks: bool) -> np.ndarray:

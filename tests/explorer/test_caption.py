@@ -1,0 +1,110 @@
+"""Caption page, uploads (bad, good, photo), checkpoint card and typed paths."""
+
+from __future__ import annotations
+
+import pytest
+
+from sat_core.config import DecodeConfig
+from sat_core.decoding import beam_search
+from sat_core.images import load_image, preprocess
+
+from tests.explorer.conftest import new_app, photo_jpeg
+
+
+def expected_beams(env, attention: str, image_source, beam: int = 3, max_len: int = 20):
+    loaded = env.checkpoint(attention)
+    tensor, _ = preprocess(load_image(image_source), loaded.preprocess)
+    return beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, DecodeConfig(beam_size=beam, max_len=max_len))[0]
+
+
+def caption_shown(at) -> str:
+    lines = [m.value for m in at.markdown if m.value.startswith("**Caption:** ")]
+    assert len(lines) == 1, [m.value for m in at.markdown]
+    return lines[0].removeprefix("**Caption:** ")
+
+
+def test_caption_page_shows_the_models_caption_and_beam(app, explorer_env):
+    scene = explorer_env.test_ids()[0]
+    hyps = expected_beams(explorer_env, "soft", explorer_env.scene_path(scene))
+    assert app.title[0].value == "Caption"
+    assert app.sidebar.selectbox(key="scene").value == scene
+    assert caption_shown(app) == (hyps[0].caption or "(empty)")
+    metrics = {m.label: m.value for m in app.metric}
+    assert metrics["log p(caption)"] == f"{hyps[0].logprob:.2f}"
+    beam_table = app.dataframe[0].value
+    assert list(beam_table["caption"]) == [h.caption for h in hyps]
+    assert len(beam_table) == 3
+    labels = [b.proto.label for b in app.get("download_button")]
+    assert labels == ["Download strip (PNG)", "Download animation (GIF)", "Download α values (JSON)"]
+    assert any("encoder saw the square (0, 0) – (112, 112)" in str(i.proto) for i in app.image)
+
+
+def test_beam_size_and_scene_follow_the_sidebar(app, explorer_env):
+    scene = explorer_env.test_ids()[2]
+    app.sidebar.selectbox(key="scene").set_value(scene)
+    app.sidebar.slider(key="beam").set_value(1).run()
+    hyps = expected_beams(explorer_env, "soft", explorer_env.scene_path(scene), beam=1)
+    assert caption_shown(app) == (hyps[0].caption or "(empty)")
+    assert len(app.dataframe[0].value) == 1
+    assert app.query_params["scene"] == str(scene) and app.query_params["beam"] == "1"
+
+
+def test_bad_upload_shows_the_loader_message_then_a_good_one_captions(app, explorer_env):
+    app.sidebar.radio(key="source").set_value("Upload").run()
+    assert any("Choose a gallery scene or upload" in i.value for i in app.info)
+    app.file_uploader[0].set_value(("holiday.png", b"this is just text, not a picture\n", "image/png")).run()
+    assert not app.exception
+    errors = [e.value for e in app.error]
+    assert errors and "'holiday.png' is not an image" in errors[0], errors
+    assert not [m for m in app.markdown if m.value.startswith("**Caption:**")]
+    good = explorer_env.scene_path(explorer_env.test_ids()[1])
+    app.file_uploader[0].set_value(("scene.png", good.read_bytes(), "image/png")).run()
+    assert not app.error, [e.value for e in app.error]
+    assert caption_shown(app) == (expected_beams(explorer_env, "soft", good)[0].caption or "(empty)")
+    # a synthetic scene is in the training domain: no warning
+    assert not [w for w in app.warning if "synthetic shapes" in w.value]
+    assert "scene" not in app.query_params  # uploads cannot travel in links
+
+
+def test_photo_upload_warns_that_captions_are_not_meaningful(app):
+    app.sidebar.radio(key="source").set_value("Upload").run()
+    app.file_uploader[0].set_value(("astronaut.jpg", photo_jpeg(), "image/jpeg")).run()
+    warnings = [w.value for w in app.warning]
+    assert any("trained on synthetic shapes; captions of photos are not meaningful" in w for w in warnings), warnings
+    assert caption_shown(app)  # still captioned, with the warning next to it
+
+
+def test_checkpoint_card_shows_model_card_and_metrics(explorer_env):
+    at = new_app()
+    at.switch_page("views/card.py")
+    at.run()
+    assert any("Tiny soft model" in m.value for m in at.markdown)
+    tables = [d.value for d in at.dataframe]
+    metrics = next(t for t in tables if "metric" in t.columns)
+    assert dict(zip(metrics["metric"], metrics["value"])) == {"BLEU-4": 0.123, "CIDEr": 0.456}
+    facts = next(t for t in tables if "value" in t.columns and "" in t.columns)
+    assert dict(zip(facts[""], facts["value"]))["attention"] == "soft"
+
+
+@pytest.mark.parametrize("typed", ["/etc", "../../../../etc/passwd"])
+def test_path_outside_allowed_roots_is_refused_and_app_keeps_running(explorer_env, typed):
+    at = new_app()
+    at.switch_page("views/card.py")
+    at.run()
+    at.text_input(key="card_path").set_value(typed)
+    at.button(key="card_open").click().run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert errors and "outside the folders checkpoints may be loaded from" in errors[0], errors
+    assert any("Tiny soft model" in m.value for m in at.markdown)  # the selected model is still shown
+
+
+def test_path_inside_roots_opens_that_checkpoint(explorer_env):
+    at = new_app()
+    at.switch_page("views/card.py")
+    at.run()
+    at.text_input(key="card_path").set_value(str(explorer_env.roots / "tiny-hard"))
+    at.button(key="card_open").click().run()
+    assert not at.error, [e.value for e in at.error]
+    assert at.sidebar.selectbox(key="ckpt").value == "tiny-hard"
+    assert any("Tiny hard model" in m.value for m in at.markdown)

@@ -1,0 +1,152 @@
+"""Step through, teaching page and links that restore a view."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+
+from sat_core.config import DecodeConfig
+from sat_core.decoding import DecodeSession
+from sat_core.images import load_image, preprocess
+
+from tests.explorer.conftest import new_app
+
+
+def reference_session(env, attention: str, scene: int, max_len: int = 20) -> DecodeSession:
+    loaded = env.checkpoint(attention)
+    tensor, _ = preprocess(load_image(env.scene_path(scene)), loaded.preprocess)
+    return DecodeSession(loaded.model, loaded.vocab, tensor, DecodeConfig(beam_size=1, max_len=max_len), top_k=5)
+
+
+def step_line(at) -> str:
+    lines = [m.value for m in at.markdown if m.value.startswith("**Step ")]
+    assert len(lines) == 1, [m.value for m in at.markdown]
+    return lines[0]
+
+
+def alpha_chart(at, index: int = 0) -> dict:
+    return json.loads(at.get("plotly_chart")[index].proto.spec)
+
+
+def plotly_array(value) -> np.ndarray:
+    """Plotly's JSON stores numpy arrays as base64 ({"dtype", "bdata", "shape"}) or plain lists."""
+    if isinstance(value, dict) and "bdata" in value:
+        flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+        shape = value.get("shape")
+        return flat.reshape([int(x) for x in str(shape).split(",")]) if shape else flat
+    return np.asarray(value)
+
+
+def open_step(params=None):
+    at = new_app(params)
+    at.switch_page("views/step.py")
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_next_back_play_follow_the_decode_session(explorer_env):
+    scene = explorer_env.test_ids()[0]
+    ref = reference_session(explorer_env, "soft", scene)
+    first = ref.step()
+    at = open_step()
+    assert step_line(at).startswith(f"**Step 1:** <mark>**{first.word}**</mark>")
+    chart = alpha_chart(at)
+    heat = next(t for t in chart["data"] if t["type"] == "heatmap")
+    np.testing.assert_allclose(plotly_array(heat["z"]), first.alpha, rtol=1e-5, atol=1e-7)  # hover shows exact α
+    bars = alpha_chart(at, 1)["data"][0]
+    assert list(plotly_array(bars["y"])) == first.top_words
+    np.testing.assert_allclose(plotly_array(bars["x"]), first.top_probs, rtol=1e-5)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["β_t (gate)"] == f"{first.beta:.3f}"
+    grid = at.dataframe[0].value.to_numpy()
+    np.testing.assert_allclose(grid, np.round(first.alpha, 4), atol=1e-6)
+
+    at.button(key="step_next").click().run()
+    second = ref.step()
+    assert step_line(at).startswith(f"**Step 2:** {first.word} <mark>**{second.word}**</mark>")
+    assert at.query_params["step"] == "2"
+    at.button(key="step_back").click().run()
+    assert step_line(at).startswith("**Step 1:**")
+    at.button(key="step_play").click().run()
+    ref.back()
+    ref.back()
+    words = [s.word for s in ref.run()]
+    assert step_line(at).startswith(f"**Step {len(words)}:**")
+    assert at.button(key="step_next").disabled
+    assert any(f"Caption complete after {len(words)} steps" in s.value for s in at.success)
+
+
+def test_forcing_a_word_continues_from_it(explorer_env):
+    scene = explorer_env.test_ids()[0]
+    at = open_step()
+    choice = at.selectbox(key="force_choice")
+    word = choice.options[1]  # a word that was not chosen
+    choice.set_value(word)
+    at.button(key="force_button").click().run()
+    assert step_line(at).startswith(f"**Step 1:** <mark>**<u>{word}</u>***</mark>")
+    assert at.query_params["force"] == f"0:{word}"
+    at.button(key="step_next").click().run()
+    ref = reference_session(explorer_env, "soft", scene)
+    ref.step(force=word)
+    after = ref.step()
+    assert step_line(at).startswith(f"**Step 2:** <u>{word}</u>* <mark>**{after.word}**</mark>")
+
+
+def test_a_link_restores_scene_step_forced_words_and_display(explorer_env):
+    scene = explorer_env.test_ids()[3]
+    ref = reference_session(explorer_env, "hard", scene, max_len=12)
+    forced = ref.vocab.itos[10]
+    ref.step()
+    ref.step(force=forced)
+    third = ref.step()
+    params = {"ckpt": "tiny-hard", "scene": str(scene), "step": "3", "force": f"1:{forced}", "maxlen": "12",
+              "method": "pyramid", "sigma": "4.0", "norm": "caption", "opacity": "0.3", "cmap": "inferno"}
+    at = open_step(params)
+    assert at.sidebar.selectbox(key="ckpt").value == "tiny-hard"
+    assert at.sidebar.selectbox(key="scene").value == scene
+    assert at.sidebar.slider(key="maxlen").value == 12
+    assert at.radio(key="method").value == "pyramid" and at.radio(key="norm").value == "caption"
+    assert at.slider(key="opacity").value == 0.3 and at.slider(key="sigma").value == 4.0
+    assert at.selectbox(key="cmap").value == "inferno"
+    assert f"<u>{ref.steps[1].word}</u>*" in step_line(at)
+    assert step_line(at).startswith("**Step 3:**") and f"<mark>**{third.word}**</mark>" in step_line(at)
+    # hard attention marks the location (argmax α in expectation mode)
+    traces = alpha_chart(at)["data"]
+    marker = next(t for t in traces if t["type"] == "scatter")
+    row, col = divmod(int(np.argmax(third.alpha)), third.alpha.shape[1])
+    cell = 112 / third.alpha.shape[0]
+    assert list(plotly_array(marker["x"])) == [(col + 0.5) * cell]
+    assert list(plotly_array(marker["y"])) == [(row + 0.5) * cell]
+    for key, value in params.items():  # the app writes the same view back into the URL
+        assert at.query_params[key] == value, key
+
+
+def test_bad_values_in_a_link_fall_back_to_defaults(explorer_env):
+    at = open_step({"scene": "99999", "beam": "lots", "method": "sharpest", "force": "0:notaword"})
+    assert not at.exception
+    assert at.sidebar.selectbox(key="scene").value == explorer_env.test_ids()[0]
+    assert at.radio(key="method").value == "nearest"
+    assert any("not in the model's vocabulary" in e.value for e in at.error)
+    assert step_line(at).startswith("**Step 1:**")
+
+
+def test_teaching_page_fills_equations_with_the_current_step(explorer_env):
+    scene = explorer_env.test_ids()[0]
+    ref = reference_session(explorer_env, "soft", scene)
+    ref.step()
+    second = ref.step()
+    at = open_step()
+    at.button(key="step_next").click().run()
+    at.switch_page("views/teach.py")
+    at.run()
+    assert not at.exception
+    latex = " ".join(x.value for x in at.latex)
+    assert rf"\beta_t = {second.beta:.3f}" in latex
+    assert rf"\max_i \alpha_{{ti}} = {second.alpha.max():.3f}" in latex
+    assert f"{second.top_probs[0]:.3f}" in latex
+    assert step_line(at).startswith("**Step 2:**")
+    at.button(key="teach_next").click().run()
+    assert step_line(at).startswith("**Step 3:**")
