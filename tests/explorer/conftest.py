@@ -22,7 +22,7 @@ from sat_core.vocab import Vocab
 from sat_core.world import generate
 
 APP = str(Path(__file__).resolve().parents[2] / "explorer" / "app.py")
-N_TEST, N_TRAIN = 10, 6
+N_TEST, N_TRAIN = 10, 40  # enough training-like scenes for the domain reference
 
 
 @dataclass
