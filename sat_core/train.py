@@ -245,18 +245,24 @@ class Trainer:
             parts = caption_loss(out, batch.captions[:, 1:], dsa_lambda=cfg.dsa_lambda if not self.model.hard else 0.0,
                                  hard=cfg.hard if self.model.hard else None, baseline=self.baseline)
         if not torch.isfinite(parts.total):
-            raise SatError(
-                f"The loss became {float(parts.total)} at epoch {self.epoch + 1}, batch {self.batch_in_epoch + 1} "
-                f"(images {batch.image_ids[:5]}…). Nothing from this step was saved; {self.run_dir / 'last'} "
-                "holds the last good state. Lower --lr or --grad-clip, check those images, then --resume."
-            )
+            raise self._non_finite("loss", float(parts.total.detach()), batch)
         self.optimizer.zero_grad(set_to_none=True)
         parts.total.backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        # A finite loss can still have inf/NaN gradients; stepping on them would poison the weights
+        # that the next save writes. max_norm=inf only measures.
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or float("inf"))
+        if not torch.isfinite(norm):
+            raise self._non_finite("gradient norm", float(norm), batch)
         self.optimizer.step()
         return {"loss": float(parts.total.detach()), "nll": parts.nll, "dsa": parts.dsa,
                 "reinforce": parts.reinforce, "entropy": parts.entropy}
+
+    def _non_finite(self, what: str, value: float, batch) -> SatError:
+        return SatError(
+            f"The {what} became {value} at epoch {self.epoch + 1}, batch {self.batch_in_epoch + 1} "
+            f"(images {batch.image_ids[:5]}…). Nothing from this step was saved; {self.run_dir / 'last'} "
+            "holds the last good state. Lower --lr or --grad-clip, check those images, then --resume."
+        )
 
     def _autocast(self):
         if self.cfg.amp and self.device.type == "cuda":
