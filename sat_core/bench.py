@@ -174,7 +174,7 @@ def train_case(dims: Dims, attention: str, device: torch.device, *, bf16: bool =
 
     seconds, mem = timed(step, device, min_time=min_time)
     return {"device": device.type, "dtype": "bf16" if bf16 else "fp32", "dims": dims.name,
-            "attention": attention, "batch": batch, "words": length + 1,
+            "attention": attention, "batch": batch, "steps": length + 1,
             "captions_per_s": batch / seconds, "ms_per_step": 1000 * seconds, "peak_mb": mem.mb}
 
 
@@ -196,7 +196,6 @@ class DecodeModel:
     vocab: Vocab
     feats: torch.Tensor  # (B, L, D)
     dims: Dims
-    full_length: bool  # <end> unreachable: every decode runs max_len steps
 
 
 def random_model(dims: Dims, images: int, *, name: str | None = None) -> DecodeModel:
@@ -207,7 +206,7 @@ def random_model(dims: Dims, images: int, *, name: str | None = None) -> DecodeM
         model.decoder.L_o.bias[Vocab.end_id] = -1e4
     vocab = Vocab([*SPECIALS, *(f"w{i}" for i in range(dims.V - len(SPECIALS)))])
     feats = torch.randn(images, dims.L, dims.D)  # (B, L, D)
-    return DecodeModel(name or dims.name, model, vocab, feats, dims, True)
+    return DecodeModel(name or dims.name, model, vocab, feats, dims)
 
 
 def shipped_model(images: int) -> DecodeModel:
@@ -230,7 +229,7 @@ def shipped_model(images: int) -> DecodeModel:
     with torch.no_grad():
         feats = loaded.model.encode(batch)  # (B, L, D)
     dims = dims_of(loaded.model_config, feats.shape[1], "shipped checkpoints/soft")
-    return DecodeModel(dims.name, loaded.model, loaded.vocab, feats, dims, False)
+    return DecodeModel(dims.name, loaded.model, loaded.vocab, feats, dims)
 
 
 def step_matmuls(dims: Dims, B: int, K: int, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
@@ -319,7 +318,7 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> st
 
 
 TRAIN_COLUMNS = [("device", "device", ""), ("dtype", "dtype", ""), ("dims", "dimensions", ""),
-                 ("attention", "attention", ""), ("captions_per_s", "captions/s", ".1f"),
+                 ("attention", "attention", ""), ("batch", "batch", "d"), ("steps", "steps", "d"), ("captions_per_s", "captions/s", ".1f"),
                  ("ms_per_step", "ms/step", ".1f"), ("peak_mb", "peak MB", ".0f")]
 DECODE_COLUMNS = [("device", "device", ""), ("dtype", "dtype", ""), ("model", "model", ""),
                   ("beam", "beam", "d"), ("batch", "batch", "d"), ("images_per_s", "images/s", ".1f"),
