@@ -146,6 +146,7 @@ class TrainConfig:
     grad_clip: float = 5.0
     epochs: int = 10
     batch_size: int = 64
+    batching: str = "length"  # length: equal-length buckets (the paper) | image: an image's captions together
     patience: int = 3  # epochs without a better validation BLEU-4 before stopping; 0: never stop early
     max_minutes: float = 0.0  # stop before an epoch that would end past this training time; 0: no limit
     min_word_count: int = 5

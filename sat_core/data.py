@@ -386,6 +386,40 @@ class BucketBatchSampler(Sampler[list[int]]):
         yield from self.batches()[self.rank :: self.num_replicas]
 
 
+class ImageBatchSampler(BucketBatchSampler):
+    """All captions of an image in one batch, padded: one encoder pass per image per epoch.
+
+    The paper's equal-length buckets suit a frozen encoder (annotations computed once). When the
+    encoder trains, its passes dominate the cost, and length buckets scatter an image's captions
+    over different batches, so the image is encoded once per caption. Grouping by image encodes it
+    once; the padding this adds costs a little decoder time and no loss (pads are masked).
+    """
+
+    def __init__(self, image_of: Sequence[int], batch_size: int, **kwargs: Any) -> None:
+        super().__init__([0] * len(image_of), batch_size, **kwargs)
+        groups: dict[int, list[int]] = {}
+        for k, image in enumerate(image_of):
+            groups.setdefault(int(image), []).append(k)
+        self.groups = list(groups.values())
+        self.images_per_batch = max(1, batch_size // max(len(g) for g in self.groups))
+
+    def _total(self) -> int:
+        n, per = len(self.groups), self.images_per_batch
+        return n // per if self.drop_last else math.ceil(n / per)
+
+    def batches(self) -> list[list[int]]:
+        rng = random.Random(f"image-sampler:{self.seed}:{self.epoch}")
+        groups = list(self.groups)
+        if self.shuffle:
+            rng.shuffle(groups)
+        per, batches = self.images_per_batch, []
+        for start in range(0, len(groups), per):
+            chunk = groups[start : start + per]
+            if len(chunk) == per or not self.drop_last:
+                batches.append([k for g in chunk for k in g])
+        return self._balance(batches)
+
+
 @dataclass
 class Batch:
     """Captions of one length plus the unique images they describe (one encoder pass each)."""
@@ -432,10 +466,17 @@ def make_loader(
     num_replicas: int = 1,
     rank: int = 0,
     drop_last: bool = False,
+    by_image: bool = False,
 ) -> DataLoader:
-    """Length-bucketed DataLoader; call ``loader.batch_sampler.set_epoch(e)`` each epoch."""
-    sampler = BucketBatchSampler(dataset.lengths, batch_size, shuffle=shuffle, seed=seed,
-                                 drop_last=drop_last, num_replicas=num_replicas, rank=rank)
+    """Length-bucketed (or, with ``by_image``, image-grouped) DataLoader.
+
+    Call ``loader.batch_sampler.set_epoch(e)`` each epoch.
+    """
+    kwargs = dict(shuffle=shuffle, seed=seed, drop_last=drop_last, num_replicas=num_replicas, rank=rank)
+    if by_image:
+        sampler: BucketBatchSampler = ImageBatchSampler([i for i, _ in dataset.captions], batch_size, **kwargs)
+    else:
+        sampler = BucketBatchSampler(dataset.lengths, batch_size, **kwargs)
     # Images are already decoded in memory: worker processes would only copy them.
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=0)
 

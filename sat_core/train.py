@@ -98,6 +98,8 @@ def parse_config(argv: list[str] | None) -> tuple[TrainConfig, str | None]:
     cfg = TrainConfig.from_dict(values)
     if not args.resume and (not cfg.data or not cfg.images):
         raise SatError("Give --data DATASET.json and --images DIR (or a --config file that sets them).")
+    if cfg.batching not in ("length", "image"):
+        raise SatError(f"--batching must be length or image, not {cfg.batching!r}.")
     if cfg.optimizer not in ("adam", "rmsprop"):
         raise SatError(f"--optimizer must be adam or rmsprop, not {cfg.optimizer!r}.")
     return cfg, args.resume
@@ -164,7 +166,7 @@ class Trainer:
         self.store = store
         self.train_set = CaptionDataset(self.data, "train", self.vocab, store)
         self.loader = make_loader(self.train_set, cfg.batch_size, shuffle=True, seed=cfg.seed,
-                                  num_replicas=self.world, rank=self.rank)
+                                  num_replicas=self.world, rank=self.rank, by_image=cfg.batching == "image")
         self.val_images = EvalImages(self.data, cfg.val_split, store, batch_size=64)
         if cfg.val_images:
             self.val_images.image_ids = self.val_images.image_ids[: cfg.val_images]
@@ -359,13 +361,13 @@ class Trainer:
         started, epoch_s = time.perf_counter(), 0.0
         while self.epoch < cfg.epochs:
             spent = (time.perf_counter() - started) / 60
-            if cfg.max_minutes and spent + epoch_s / 60 > cfg.max_minutes:
+            if cfg.max_minutes and self._from_rank0(spent + epoch_s / 60) > cfg.max_minutes:
                 self._log({"event": "time_budget", "epoch": self.epoch, "minutes": spent})
                 break
             epoch_started = time.perf_counter()
             stats = self.train_one_epoch()
             val = self.validate() if self.main_process else {}
-            bleu4 = val.get("BLEU-4", 0.0)
+            bleu4 = self._from_rank0(val.get("BLEU-4", 0.0))  # only rank 0 validates
             improved = bleu4 > self.best
             self.best = max(self.best, bleu4)
             self.bad_epochs = 0 if improved else self.bad_epochs + 1
@@ -393,6 +395,16 @@ class Trainer:
             print(f"epoch {record['epoch']}: loss {record['loss']:.3f}  nll {record['nll']:.3f}  "
                   f"{record['captions_per_s']:.0f} captions/s  val BLEU-4 {v.get('BLEU-4', 0):.4f}  "
                   f"CIDEr {v.get('CIDEr', 0):.3f}", flush=True)
+
+    def _from_rank0(self, value: float) -> float:
+        """Rank 0's value on every rank: a decision to stop must agree, or the other ranks hang in DDP."""
+        if self.world == 1:
+            return value
+        import torch.distributed as dist
+
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.broadcast(tensor, src=0)
+        return float(tensor)
 
     def _barrier(self) -> None:
         if self.world > 1:

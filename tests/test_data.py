@@ -232,3 +232,26 @@ def test_dataset_errors(tmp_path: Path) -> None:
     present = r"no images \(splits present: test \(1\), train \(5\)\)"
     with pytest.raises(DatasetError, match=r"Split 'val' .* " + present):
         data.split("val")
+
+
+def test_image_batches_keep_all_captions_of_an_image_together():
+    from sat_core.data import ImageBatchSampler
+
+    image_of = [0, 0, 0, 1, 1, 2, 2, 2, 3, 4, 4]
+    sampler = ImageBatchSampler(image_of, batch_size=6, seed=3)
+    assert sampler.images_per_batch == 2  # the largest image has 3 captions
+    seen = []
+    for batch in sampler.batches():
+        images = {image_of[k] for k in batch}
+        assert len(images) <= 2
+        for img in images:  # every caption of each image in the batch is there
+            assert sorted(k for k in batch if image_of[k] == img) == [k for k, i in enumerate(image_of) if i == img]
+        seen += batch
+    assert sorted(seen) == list(range(len(image_of)))
+    sampler.set_epoch(1)
+    other = sampler.batches()
+    sampler.set_epoch(0)
+    assert other != sampler.batches()
+    ranks = [ImageBatchSampler(image_of, 6, seed=3, num_replicas=2, rank=r) for r in (0, 1)]
+    shards = [sorted(k for b in list(s) for k in b) for s in ranks]
+    assert not set(shards[0]) & set(shards[1]) and sorted(shards[0] + shards[1]) == list(range(len(image_of)))
