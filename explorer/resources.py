@@ -25,7 +25,8 @@ from sat_core.errors import DatasetError
 from sat_core.explain import DomainCheck, DomainReference, EvalImage, evaluation_records
 from sat_core.images import CropInfo, crop_for_display, load_image, preprocess
 
-GALLERY_SIZE = 24  # scenes generated when no dataset folder exists
+GALLERY_SIZE = 24  # test scenes generated when no dataset folder exists (plus training-like ones for the domain check)
+DISPLAY_SIDE = 768  # px: the original image is kept at most this large (caches hold many uploads)
 GALLERY_MAX = 200  # scenes offered (and evaluated on the fly) from a real dataset's test split
 EVAL_RECORDS_FILE = "eval_records.json"
 
@@ -91,7 +92,7 @@ def _generated_world() -> Path:
         if (folder / "dataset.json").is_file():
             return folder
         try:
-            generate(folder, 0, 0, GALLERY_SIZE, seed=0, workers=1)
+            generate(folder, 40, 0, GALLERY_SIZE, seed=0, workers=1)
             return folder
         except (OSError, DatasetError):
             continue
@@ -121,7 +122,7 @@ class PreparedImage:
 
     key: str  # "scene:<id>" or "upload:<sha1>"
     name: str
-    original: np.ndarray  # (H, W, 3) uint8
+    original: np.ndarray  # (h, w, 3) uint8, the uploaded image scaled to at most DISPLAY_SIDE px
     crop: np.ndarray  # (S, S, 3) uint8, what the encoder saw
     crop_info: CropInfo
     tensor: Any  # (3, S, S) model input
@@ -143,7 +144,9 @@ def prepare_image(key: str, preprocess_json: str, name: str, _source: Any, _reco
     image = load_image(_source, name=name)
     tensor, info = preprocess(image, cfg)
     crop = np.asarray(crop_for_display(image, cfg))
-    return PreparedImage(key, name, np.asarray(image), crop, info, tensor, _record)
+    shown = image.copy()
+    shown.thumbnail((DISPLAY_SIDE, DISPLAY_SIDE))  # keeps the aspect ratio; CropInfo stays in original pixels
+    return PreparedImage(key, name, np.asarray(shown), crop, info, tensor, _record)
 
 
 @st.cache_data(max_entries=64, ttl=3600, show_spinner=False)

@@ -64,7 +64,6 @@ def restore_from_url() -> None:
                 pass  # a hand-edited link with a bad value: keep the default
     if "step" in params and params["step"].isdigit():
         st.session_state[STEP] = int(params["step"])
-        st.session_state["_step_from_url"] = True
     if "force" in params:
         st.session_state[FORCED] = parse_forced(params["force"])
 

@@ -18,7 +18,7 @@ def caption_markdown(words: Sequence[str], current: int | None = None, forced: C
         if i == current:
             text = f"<mark>**{text}**</mark>"
         parts.append(text)
-    return " ".join(parts) if parts else "*(no words yet)*"
+    return " ".join(parts) if parts else "*(empty)*"
 
 
 def draw_caption(words: Sequence[str], current: int | None = None, forced: Collection[int] = (), *,
@@ -40,3 +40,10 @@ def draw_domain_warning(reasons: Sequence[str], confidence: float | None = None)
 def draw_help(title: str, body: str) -> None:
     with st.expander(title):
         st.markdown(body)
+
+
+def crop_note(box: tuple[int, int, int, int], original_size: tuple[int, int], image_size: int) -> str:
+    """Which square of the image the encoder saw (CropInfo in words)."""
+    (left, top, right, bottom), (w, h) = box, original_size
+    return (f"The encoder saw the square ({left}, {top}) – ({right}, {bottom}) of this {w}×{h} image, "
+            f"resized to {image_size}×{image_size} px; every α map covers exactly that square.")

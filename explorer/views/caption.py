@@ -14,6 +14,8 @@ from sat_core.explain import box_mask
 from explorer import maps
 from explorer import resources as res
 from explorer.components.figures import draw_alpha
+from explorer.components.images import draw_crop_view
+from explorer.components import text
 from explorer.components.text import draw_domain_warning, draw_help
 from explorer.guards import beams, need_image, need_model
 from explorer.state import context
@@ -21,15 +23,15 @@ from explorer.state import context
 
 def crop_note(image) -> str:
     c = image.crop_info
-    w, h = c.original_size
-    return (f"The encoder saw the square ({c.left}, {c.top}) – ({c.right}, {c.bottom}) of this {w}×{h} image, "
-            f"resized to {c.image_size}×{c.image_size} px; every α map below covers exactly that square.")
+    return text.crop_note(c.box, c.original_size, c.image_size)
 
 
 def draw_crop(image) -> None:
-    """The original image with the encoder's crop outlined in red."""
-    box = box_mask((image.original.shape[1], image.original.shape[0]), image.crop_info.box)
-    st.image(viz.outline_masks(image.original, [box], (255, 0, 0)), caption=crop_note(image), width="stretch")
+    """The original image with the encoder's crop outlined in red, the rest dimmed."""
+    height, width = image.original.shape[:2]
+    scale = width / image.crop_info.original_size[0]  # the shown image may be a downscaled copy
+    box = box_mask((width, height), tuple(int(round(v * scale)) for v in image.crop_info.box))
+    draw_crop_view(image.original, box, crop_note(image) + " Dimmed parts were not seen.")
 
 
 def draw_exports(crop, words, alphas, betas, grid, settings, strip_png: bytes, stem: str) -> None:
@@ -74,7 +76,7 @@ def main() -> None:
     words = maps.step_words(best.words, len(best.alphas))
     st.subheader("Where the model looked for each word")
     strip = maps.strip(image.crop, words, best.alphas, best.grid, ctx.maps)
-    st.image(strip, width="stretch", caption=f"α maps ({maps.METHODS[ctx.maps.method]}, "
+    st.image(strip, caption=f"α maps ({maps.METHODS[ctx.maps.method]}, "
                                              f"normalised {maps.NORMS[ctx.maps.norm].lower()})")
     if ctx.maps.coverage:
         overlay, cover = maps.coverage_overlay(image.crop, best.alphas, best.grid, ctx.maps)

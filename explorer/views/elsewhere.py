@@ -48,7 +48,7 @@ def draw_result(title: str, hyp, image, ctx, region: np.ndarray, key: str) -> No
     overlay = maps.overlays(image.crop, mean_alpha.reshape(1, -1), hyp.grid, ctx.maps)[0]
     draw_alpha(overlay, mean_alpha, key=key, region=region, value_name="mean α", height=320,
                title="mean α over the caption")
-    st.image(maps.strip(image.crop, words, hyp.alphas, hyp.grid, ctx.maps, columns=5), width="stretch")
+    st.image(maps.strip(image.crop, words, hyp.alphas, hyp.grid, ctx.maps, columns=5))
 
 
 def main() -> None:

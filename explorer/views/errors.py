@@ -94,7 +94,10 @@ def main() -> None:
     st.dataframe(pd.DataFrame(slice_metrics(records)), hide_index=True, width="stretch")
     st.subheader("Attention correctness per word type")
     words = data.get("word_types") or word_type_correctness(records)
-    st.dataframe(pd.DataFrame(words), hide_index=True, width="stretch")
+    if words:
+        st.dataframe(pd.DataFrame(words), hide_index=True, width="stretch")
+    else:
+        st.info("No generated word could be grounded to an object, so there is no attention correctness to show.")
     draw_help("What these numbers mean", (
         "CIDEr and BLEU-4 are per-image scores against the scene's five references (mean per slice; corpus "
         "BLEU pools counts, so the top row can differ). Error labels come from grounding the caption against "

@@ -23,7 +23,7 @@ def caption_input(image, own: str) -> str:
     references = [" ".join(s) for s in image.record.sentences] if image.record is not None else []
     choice = TYPE_OWN
     if references:
-        choice = st.selectbox("Pick a reference caption", [TYPE_OWN, *references], key="score_ref")
+        choice = st.selectbox("Pick a reference caption", [TYPE_OWN, *references], index=1, key="score_ref")
     if choice != TYPE_OWN:
         return choice
     return st.text_input("Your caption", value=own, key="score_text",
@@ -49,7 +49,7 @@ def draw_scored(title: str, scored, image, ctx, key: str, vocab) -> None:
     words = [*scored.words, "<end>"]
     draw_logprobs(words, scored.logprobs, [w == "<unk>" for w in words], key=f"{key}_lp")
     st.dataframe(word_table(scored, vocab), hide_index=True, width="stretch")
-    st.image(maps.strip(image.crop, words, scored.alphas, scored.grid, ctx.maps, columns=6), width="stretch")
+    st.image(maps.strip(image.crop, words, scored.alphas, scored.grid, ctx.maps, columns=6))
 
 
 def main() -> None:
@@ -65,20 +65,25 @@ def main() -> None:
     ckpt = res.stamp(loaded.path)
     try:
         yours = res.score(ckpt, image.key, text.lower(), loaded, image.tensor)
-        model = res.score(ckpt, image.key, own.caption, loaded, image.tensor)
     except SatError as err:
         st.error(str(err))
         st.stop()
+    # The model's own caption can be empty (it ended at once): then there is nothing to score beside yours.
+    model = res.score(ckpt, image.key, own.caption, loaded, image.tensor) if own.words else None
     if yours.unknown:
         st.warning(f"Not in the model's vocabulary (scored as <unk>): {', '.join(sorted(set(yours.unknown)))}")
-    diff = yours.logprob - model.logprob
-    st.markdown(f"Your caption is **{abs(diff):.2f} nats {'less' if diff < 0 else 'more'} likely** than the "
-                f"model's own decode under this model (log p {yours.logprob:.2f} vs {model.logprob:.2f}).")
+    if model is not None:
+        diff = yours.logprob - model.logprob
+        st.markdown(f"Your caption is **{abs(diff):.2f} nats {'less' if diff < 0 else 'more'} likely** than the "
+                    f"model's own decode under this model (log p {yours.logprob:.2f} vs {model.logprob:.2f}).")
     left, right = st.columns(2)
     with left:
         draw_scored("Your caption", yours, image, ctx, "yours", loaded.vocab)
     with right:
-        draw_scored(f"The model's decode: {own.caption}", model, image, ctx, "own", loaded.vocab)
+        if model is None:
+            st.info(f"The model's own caption is empty (it ended at once, log p = {own.logprob:.2f}).")
+        else:
+            draw_scored(f"The model's decode: {own.caption}", model, image, ctx, "own", loaded.vocab)
     draw_help("Teacher forcing", (
         "Each word is fed to the decoder as the previous word of the next step, whatever the model would have "
         "said, so every word gets log p(y_t | a, y_<t) and its own α_t. The last row is the probability of "

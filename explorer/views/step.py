@@ -11,9 +11,9 @@ from sat_core.explain import alpha_summary, mask_in_crop
 
 from explorer import maps, stepping
 from explorer.components.figures import draw_alpha, draw_topk
-from explorer.components.text import draw_caption, draw_help
+from explorer.components.text import crop_note, draw_caption, draw_help
 from explorer.guards import need_image, need_model, object_masks
-from explorer.state import STEP, context, write_url
+from explorer.state import context, write_url
 
 
 def draw_controls(session, max_len: int) -> None:
@@ -55,6 +55,8 @@ def draw_step(ctx, image, session, hard: bool) -> None:
         draw_alpha(overlay_for_step(ctx, image, session, ctx.maps, with_masks), view.alpha, key="step_alpha",
                    location=view.location if hard else None,
                    location_label="sampled location" if ctx.decode.hard_mode == "sample" else "argmax α")
+        c = image.crop_info
+        st.caption(crop_note(c.box, c.original_size, c.image_size))
     with right:
         st.markdown(f"**Top {len(view.top_words)} next words at step {view.index + 1}**")
         draw_topk(view.top_words, view.top_probs, view.word, key="step_topk")

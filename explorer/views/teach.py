@@ -14,7 +14,9 @@ from explorer.state import context
 
 
 def _tex_word(word: str) -> str:
-    return r"\text{“" + word.replace("<", r"\lt ").replace(">", r"\gt ") + r"”}"
+    if word.startswith("<") and word.endswith(">"):  # <end>, <unk>: angle brackets outside text mode
+        return r"\langle\text{" + word[1:-1] + r"}\rangle"
+    return r"\text{“" + word + r"”}"
 
 
 def draw_attention(view, t: int) -> None:
