@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from sat_core.config import DecodeConfig
@@ -152,3 +154,24 @@ def test_display_settings_change_the_drawn_map_not_the_hover_values(explorer_env
     assert any("Smoothing is cosmetic" in c.value for c in at.sidebar.caption)
     at.checkbox(key="coverage").check().run()
     assert any(m.value.startswith("**Coverage Σ_t α_t over the first 1 steps**") for m in at.markdown)
+
+
+def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    folder = tmp_path / "evaluated"
+    shutil.copytree(explorer_env.roots / "tiny-soft", folder)
+    ids = explorer_env.test_ids()[:2]
+    records = [{"image_id": i, "filename": f"{i:06d}.png", "caption": f"stored caption {i}", "references": ["x"],
+                "scores": {"CIDEr": 0.1 * k, "BLEU-4": 0.0}, "errors": ["wrong_count"] if k else [],
+                "attention_correctness": None, "n_objects": 1} for k, i in enumerate(ids)]
+    stored = {"corpus": {"CIDEr": 0.05, "BLEU-4": 0.0}, "grounded": {"precision": 0.5}, "records": records}
+    (folder / "eval_records.json").write_text(json.dumps(stored))
+    monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
+    at = open_page("errors", {"ckpt": "evaluated"})
+    table = at.dataframe[0].value
+    assert list(table["caption"]) == [f"stored caption {i}" for i in ids]
+    assert list(table["errors"]) == ["—", "wrong_count"]
+    assert {m.label: m.value for m in at.metric}["grounded precision"] == "0.500"
+    assert any("eval_records.json" in c.value for c in at.caption)

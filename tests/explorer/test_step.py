@@ -150,3 +150,18 @@ def test_teaching_page_fills_equations_with_the_current_step(explorer_env):
     assert step_line(at).startswith("**Step 2:**")
     at.button(key="teach_next").click().run()
     assert step_line(at).startswith("**Step 3:**")
+
+
+def test_sampled_hard_attention_marks_the_sampled_location(explorer_env):
+    scene = explorer_env.test_ids()[1]
+    loaded = explorer_env.checkpoint("hard")
+    tensor, _ = preprocess(load_image(explorer_env.scene_path(scene)), loaded.preprocess)
+    cfg = DecodeConfig(beam_size=1, max_len=20, hard_mode="sample", seed=3)
+    first = DecodeSession(loaded.model, loaded.vocab, tensor, cfg, top_k=5).step()
+    at = open_step({"ckpt": "tiny-hard", "scene": str(scene), "hard_mode": "sample", "seed": "3"})
+    marker = next(t for t in alpha_chart(at)["data"] if t["type"] == "scatter")
+    assert marker["name"] == "sampled location"
+    row, col = divmod(first.location, first.alpha.shape[1])
+    cell = 112 / first.alpha.shape[0]
+    assert list(plotly_array(marker["x"])) == [(col + 0.5) * cell]
+    assert list(plotly_array(marker["y"])) == [(row + 0.5) * cell]
