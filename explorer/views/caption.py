@@ -9,24 +9,27 @@ import pandas as pd
 import streamlit as st
 
 from sat_core import viz
+from sat_core.decoding import Hypothesis
 from sat_core.explain import box_mask
 
 from explorer import maps
 from explorer import resources as res
+from explorer.components import text
 from explorer.components.figures import draw_alpha
 from explorer.components.images import draw_crop_view
-from explorer.components import text
 from explorer.components.text import draw_domain_warning, draw_help
 from explorer.guards import beams, need_image, need_model
+from explorer.maps import MapSettings
+from explorer.resources import PreparedImage
 from explorer.state import context
 
 
-def crop_note(image) -> str:
+def crop_note(image: PreparedImage) -> str:
     c = image.crop_info
     return text.crop_note(c.box, c.original_size, c.image_size)
 
 
-def draw_crop(image) -> None:
+def draw_crop(image: PreparedImage) -> None:
     """The original image with the encoder's crop outlined in red, the rest dimmed."""
     height, width = image.original.shape[:2]
     scale = width / image.crop_info.original_size[0]  # the shown image may be a downscaled copy
@@ -34,7 +37,8 @@ def draw_crop(image) -> None:
     draw_crop_view(image.original, box, crop_note(image) + " Dimmed parts were not seen.")
 
 
-def draw_exports(crop, words, alphas, betas, grid, settings, strip_png: bytes, stem: str) -> None:
+def draw_exports(crop: np.ndarray, words: list[str], alphas: np.ndarray, betas: np.ndarray,
+                 grid: tuple[int, int], settings: MapSettings, strip_png: bytes, stem: str) -> None:
     kwargs = {**settings.viz_kwargs(), "panel_size": 112}
     c1, c2, c3 = st.columns(3)
     c1.download_button("Download strip (PNG)", strip_png, f"{stem}_strip.png", "image/png", key="dl_png")
@@ -44,7 +48,7 @@ def draw_exports(crop, words, alphas, betas, grid, settings, strip_png: bytes, s
                        f"{stem}_alphas.json", "application/json", key="dl_json")
 
 
-def draw_beam_table(hyps) -> None:
+def draw_beam_table(hyps: list[Hypothesis]) -> None:
     rows = [{"rank": k + 1, "caption": h.caption, "log p": round(h.logprob, 3), "score": round(h.score, 3),
              "words": len(h.words), "finished": h.finished} for k, h in enumerate(hyps)]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")

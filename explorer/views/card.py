@@ -7,16 +7,16 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from sat_core.checkpoint import resolve_checkpoint_path
+from sat_core.checkpoint import LoadedCheckpoint, resolve_checkpoint_path
 from sat_core.errors import SatError
 
 from explorer import resources as res
 from explorer.guards import need_model
 from explorer.sidebar import checkpoint_names
-from explorer.state import context, set_pending
+from explorer.state import Context, context, set_pending
 
 
-def open_by_path(ctx) -> None:
+def open_by_path(ctx: Context) -> None:
     """A typed path is accepted only inside the server's checkpoint folders."""
     st.subheader("Open a checkpoint folder")
     roots = ctx.settings.checkpoint_roots
@@ -37,7 +37,7 @@ def open_by_path(ctx) -> None:
         st.rerun()
 
 
-def draw_config(loaded) -> None:
+def draw_config(loaded: LoadedCheckpoint) -> None:
     m, p = loaded.model_config, loaded.preprocess
     params = sum(t.numel() for t in loaded.model.parameters())
     facts = {
@@ -66,7 +66,8 @@ def draw_metrics(metrics: dict | None) -> None:
 def main() -> None:
     st.title("Checkpoint card")
     ctx = context()
-    open_by_path(ctx)
+    if ctx.loaded is None:  # still offer to open one by path
+        open_by_path(ctx)
     loaded = need_model(ctx)
     st.subheader(f"{ctx.ckpt_name}")
     left, right = st.columns([3, 2])
@@ -83,6 +84,8 @@ def main() -> None:
         if training:
             with st.expander("Training settings"):
                 st.json(training, expanded=False)
+    st.divider()
+    open_by_path(ctx)
 
 
 main()

@@ -8,7 +8,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from sat_core.checkpoint import LoadedCheckpoint
 from sat_core.config import DecodeConfig
+from sat_core.decoding import Hypothesis
 from sat_core.errors import SatError
 
 from explorer import maps
@@ -16,10 +18,10 @@ from explorer import resources as res
 from explorer.components.figures import draw_alpha
 from explorer.components.text import draw_caption, draw_help
 from explorer.guards import beams, image_for, need_image
-from explorer.state import context, keep_choice
+from explorer.state import Context, context, keep_choice
 
 
-def _pick(ctx, label: str, key: str, attention: str) -> str | None:
+def _pick(ctx: Context, label: str, key: str, attention: str) -> str | None:
     names = list(ctx.checkpoints)
     if not names:
         return None
@@ -31,13 +33,13 @@ def _pick(ctx, label: str, key: str, attention: str) -> str | None:
                         format_func=lambda n: f"{n} ({res.checkpoint_summary(ctx.checkpoints[n])['attention']})")
 
 
-def _load(ctx, name: str):
+def _load(ctx: Context, name: str) -> LoadedCheckpoint:
     path = ctx.checkpoints[name]
     roots = tuple(str(r) for r in ctx.settings.checkpoint_roots)
     return res.load_model(path, roots, ctx.settings.device, res.stamp(Path(path)))
 
 
-def draw_side(ctx, name: str, loaded, hyp, t: int) -> None:
+def draw_side(ctx: Context, name: str, loaded: LoadedCheckpoint, hyp: Hypothesis, t: int) -> None:
     """One model's caption with word t marked, and its α at step t (with the location for hard attention)."""
     image = image_for(ctx, loaded)
     hard = loaded.model.hard
@@ -61,7 +63,7 @@ def draw_side(ctx, name: str, loaded, hyp, t: int) -> None:
     st.caption(f"β_t = {float(hyp.betas[t]):.3f} · max α_t = {float(alpha.max()):.3f}{where}")
 
 
-def draw_samples(ctx, name: str, loaded) -> None:
+def draw_samples(ctx: Context, name: str, loaded: LoadedCheckpoint) -> None:
     st.subheader("Seeded samples of hard attention")
     if not loaded.model.hard:
         st.info(f"{name} uses soft attention; pick a hard-attention checkpoint to sample locations.")

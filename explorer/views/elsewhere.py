@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from sat_core.decoding import Intervention
+from sat_core.decoding import Hypothesis, Intervention
 from sat_core.errors import SatError
 from sat_core.explain import grid_region, mask_on_grid
 
@@ -13,12 +13,13 @@ from explorer import maps
 from explorer.components.figures import draw_alpha
 from explorer.components.text import draw_help
 from explorer.guards import beams, need_image, need_model, object_label, object_masks
-from explorer.state import context
+from explorer.resources import PreparedImage
+from explorer.state import Context, context
 
 MODES = {"exclude": "Keep attention out of the region", "include": "Force attention into the region"}
 
 
-def region_ui(image, grid: tuple[int, int]) -> tuple[np.ndarray, str]:
+def region_ui(image: PreparedImage, grid: tuple[int, int]) -> tuple[np.ndarray, str]:
     """The chosen region (gh, gw) and a short key naming it."""
     gh, gw = grid
     masks = object_masks(image)
@@ -39,7 +40,8 @@ def region_ui(image, grid: tuple[int, int]) -> tuple[np.ndarray, str]:
     return region, f"r{rows[0]}-{rows[1]}c{cols[0]}-{cols[1]}"
 
 
-def draw_result(title: str, hyp, image, ctx, region: np.ndarray, key: str) -> None:
+def draw_result(title: str, hyp: Hypothesis, image: PreparedImage, ctx: Context, region: np.ndarray,
+                key: str) -> None:
     st.markdown(f"#### {title}")
     st.markdown(f"**Caption:** {hyp.caption or '(empty)'}")
     st.caption(f"log p = {hyp.logprob:.2f}")

@@ -10,8 +10,8 @@ from sat_core.errors import SatError
 from sat_core.explain import slice_metrics, word_type_correctness
 from sat_core.grounding import ERROR_LABELS
 
-from explorer import resources as res
 from explorer import stepping
+from explorer import resources as res
 from explorer.components.text import draw_help
 from explorer.guards import cfg_json, need_model
 from explorer.state import context, set_pending

@@ -7,19 +7,22 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from sat_core.decoding import ScoredCaption
 from sat_core.errors import SatError
+from sat_core.vocab import Vocab
 
 from explorer import maps
 from explorer import resources as res
 from explorer.components.figures import draw_logprobs
 from explorer.components.text import draw_help
 from explorer.guards import beams, need_image, need_model
-from explorer.state import context
+from explorer.resources import PreparedImage
+from explorer.state import Context, context
 
 TYPE_OWN = "(type your own)"
 
 
-def caption_input(image, own: str) -> str:
+def caption_input(image: PreparedImage, own: str) -> str:
     references = [" ".join(s) for s in image.record.sentences] if image.record is not None else []
     choice = TYPE_OWN
     if references:
@@ -30,7 +33,7 @@ def caption_input(image, own: str) -> str:
                          help="Lower-case words separated by spaces; words the model does not know are flagged.")
 
 
-def word_table(scored, vocab) -> pd.DataFrame:
+def word_table(scored: ScoredCaption, vocab: Vocab) -> pd.DataFrame:
     words = [*scored.words, "<end>"]
     return pd.DataFrame({
         "word": words,
@@ -42,7 +45,8 @@ def word_table(scored, vocab) -> pd.DataFrame:
     })
 
 
-def draw_scored(title: str, scored, image, ctx, key: str, vocab) -> None:
+def draw_scored(title: str, scored: ScoredCaption, image: PreparedImage, ctx: Context, key: str,
+                vocab: Vocab) -> None:
     st.markdown(f"#### {title}")
     st.markdown(f"**log p = {scored.logprob:.2f}** over {len(scored.tokens)} tokens "
                 f"(mean {scored.logprob / len(scored.tokens):.2f} per token)")

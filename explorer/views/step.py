@@ -7,16 +7,19 @@ import pandas as pd
 import streamlit as st
 
 from sat_core import viz
+from sat_core.decoding import DecodeSession, StepView
 from sat_core.explain import alpha_summary, mask_in_crop
 
 from explorer import maps, stepping
 from explorer.components.figures import draw_alpha, draw_topk
 from explorer.components.text import crop_note, draw_caption, draw_help
 from explorer.guards import need_image, need_model, object_masks
-from explorer.state import context, write_url
+from explorer.maps import MapSettings
+from explorer.resources import PreparedImage
+from explorer.state import Context, context, write_url
 
 
-def draw_controls(session, max_len: int) -> None:
+def draw_controls(session: DecodeSession, max_len: int) -> None:
     c1, c2, c3, c4 = st.columns(4)
     c1.button("◀ Back", key="step_back", on_click=stepping.back, disabled=len(session.steps) <= 1, width="stretch")
     c2.button("Next ▶", key="step_next", on_click=stepping.next_step, disabled=session.done, width="stretch",
@@ -26,7 +29,7 @@ def draw_controls(session, max_len: int) -> None:
     c4.button("Reset", key="step_reset", on_click=stepping.reset, width="stretch")
 
 
-def draw_force(view) -> None:
+def draw_force(view: StepView) -> None:
     """Pick another word of the top-k for the current step; decoding continues from it."""
     others = [w for w in view.top_words if w != view.word] or view.top_words
     c1, c2 = st.columns([3, 1])
@@ -36,7 +39,8 @@ def draw_force(view) -> None:
               width="stretch")
 
 
-def overlay_for_step(ctx, image, session, settings, with_masks: bool) -> np.ndarray:
+def overlay_for_step(image: PreparedImage, session: DecodeSession, settings: MapSettings,
+                     with_masks: bool) -> np.ndarray:
     alphas = np.stack([s.alpha.reshape(-1) for s in session.steps])  # (T, L)
     overlay = maps.overlays(image.crop, alphas, session.grid, settings)[-1]
     masks = object_masks(image) if with_masks else []
@@ -45,14 +49,14 @@ def overlay_for_step(ctx, image, session, settings, with_masks: bool) -> np.ndar
     return overlay
 
 
-def draw_step(ctx, image, session, hard: bool) -> None:
+def draw_step(ctx: Context, image: PreparedImage, session: DecodeSession, hard: bool) -> None:
     view = session.steps[-1]
     summary = alpha_summary(view.alpha)
     with_masks = bool(object_masks(image)) and st.checkbox("Outline ground-truth objects", key="masks")
     left, right = st.columns([3, 2])
     with left:
         st.markdown(f"**α at step {view.index + 1}** (word “{view.word}”) — hover a cell for its exact value")
-        draw_alpha(overlay_for_step(ctx, image, session, ctx.maps, with_masks), view.alpha, key="step_alpha",
+        draw_alpha(overlay_for_step(image, session, ctx.maps, with_masks), view.alpha, key="step_alpha",
                    location=view.location if hard else None,
                    location_label="sampled location" if ctx.decode.hard_mode == "sample" else "argmax α")
         c = image.crop_info
@@ -71,7 +75,7 @@ def draw_step(ctx, image, session, hard: bool) -> None:
         st.dataframe(pd.DataFrame(np.round(view.alpha, 4)), width="stretch")
 
 
-def draw_coverage(image, session, settings) -> None:
+def draw_coverage(image: PreparedImage, session: DecodeSession, settings: MapSettings) -> None:
     alphas = np.stack([s.alpha.reshape(-1) for s in session.steps])  # (T, L)
     overlay, cover = maps.coverage_overlay(image.crop, alphas, session.grid, settings)
     st.markdown(f"**Coverage Σ_t α_t over the first {len(alphas)} steps** (max {cover.max():.2f})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
+from sat_core.decoding import DecodeSession, StepView
 from sat_core.explain import alpha_summary, doubly_stochastic_penalty
 
 from explorer import stepping
@@ -19,7 +20,7 @@ def _tex_word(word: str) -> str:
     return r"\text{“" + word + r"”}"
 
 
-def draw_attention(view, t: int) -> None:
+def draw_attention(view: StepView, t: int) -> None:
     s = alpha_summary(view.alpha)
     gh, gw = view.alpha.shape
     st.subheader("1 · Attention: where to look")
@@ -32,7 +33,7 @@ def draw_attention(view, t: int) -> None:
              r"\ \text{regions effectively attended}")
 
 
-def draw_context(view, t: int, hard: bool) -> None:
+def draw_context(view: StepView, t: int, hard: bool) -> None:
     st.subheader("2 · Context: what is seen")
     if hard:
         st.markdown("Hard attention picks **one** region: the location s_t is sampled with probabilities α_t "
@@ -47,7 +48,7 @@ def draw_context(view, t: int, hard: bool) -> None:
     st.latex(rf"t = {t}:\quad \beta_t = {view.beta:.3f}")
 
 
-def draw_output(view, t: int) -> None:
+def draw_output(view: StepView, t: int) -> None:
     st.subheader("3 · Output: which word")
     st.markdown("The LSTM reads the previous word, its state and the context; the deep output layer turns "
                 "its new state into a distribution over the vocabulary.")
@@ -60,7 +61,7 @@ def draw_output(view, t: int) -> None:
              + (r"\ \text{(forced)}" if view.forced else ""))
 
 
-def draw_penalty(session) -> None:
+def draw_penalty(session: DecodeSession) -> None:
     st.subheader("4 · Training signal: look everywhere once")
     alphas = np.stack([s.alpha.reshape(-1) for s in session.steps])  # (T, L)
     st.markdown("Soft attention is trained with the doubly stochastic penalty, which pushes every region to "
