@@ -108,3 +108,22 @@ def test_path_inside_roots_opens_that_checkpoint(explorer_env):
     assert not at.error, [e.value for e in at.error]
     assert at.sidebar.selectbox(key="ckpt").value == "tiny-hard"
     assert any("Tiny hard model" in m.value for m in at.markdown)
+
+
+def test_a_broken_checkpoint_shows_its_error_and_others_still_work(explorer_env, tmp_path, monkeypatch):
+    import os
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(explorer_env.roots / "tiny-soft", broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])  # truncated download
+    monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
+    at = new_app({"ckpt": "broken"})
+    at.run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert errors and "truncated or corrupt" in errors[0], errors
+    at.sidebar.selectbox(key="ckpt").set_value("tiny-soft").run()
+    assert not at.error
+    assert caption_shown(at)
