@@ -10,6 +10,7 @@ import streamlit as st
 
 from sat_core import viz
 from sat_core.decoding import Hypothesis
+from sat_core.errors import SatError
 from sat_core.explain import box_mask
 
 from explorer import maps
@@ -72,8 +73,11 @@ def main() -> None:
         m2.metric("score", f"{best.score:.2f}", help=f"log p / length^{ctx.decode.length_norm}")
         m3.metric("mean word probability", f"{confidence:.3f}")
         if image.uploaded:
-            check = res.domain_check(image.key, ctx.world_dir, image.original)
-            if check.far:
+            try:
+                check = res.domain_check(image.key, ctx.world_dir, image.original)
+            except SatError:  # no gallery to compare with: say nothing rather than guess
+                check = None
+            if check is not None and check.far:
                 draw_domain_warning(check.reasons, confidence)
         st.markdown(f"**The beam's {len(hyps)} hypotheses** (beam size {ctx.decode.beam_size})")
         draw_beam_table(hyps)
