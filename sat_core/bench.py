@@ -178,10 +178,17 @@ def train_case(dims: Dims, attention: str, device: torch.device, *, bf16: bool =
             "captions_per_s": batch / seconds, "ms_per_step": 1000 * seconds, "peak_mb": mem.mb}
 
 
+def _progress(row: dict[str, Any]) -> dict[str, Any]:
+    """Show each figure as it comes (a full run takes minutes); stderr keeps stdout to the tables."""
+    print("  " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
+          file=sys.stderr, flush=True)
+    return row
+
+
 def run_train(devices: list[torch.device], *, quick: bool = False) -> list[dict[str, Any]]:
     sizes = [QUICK] if quick else [PAPER, RESNET]
     kwargs = {"batch": 4, "length": 4, "min_time": 0.0} if quick else {}
-    return [train_case(dims, attention, device, bf16=bf16, **kwargs)
+    return [_progress(train_case(dims, attention, device, bf16=bf16, **kwargs))
             for device, bf16 in _cases(devices) for dims in sizes for attention in ("soft", "hard")]
 
 
@@ -301,8 +308,9 @@ def run_decode(devices: list[torch.device], *, quick: bool = False) -> dict[str,
             dm.model.to(device)
             for K in beams:
                 for B in batches:
-                    rows.append(decode_case(dm, device, bf16, K, B, max_len, min_time))
-                serial.append(one_by_one_case(dm, device, bf16, K, B, max_len, rows[-1]["images_per_s"]))
+                    rows.append(_progress(decode_case(dm, device, bf16, K, B, max_len, min_time)))
+                serial.append(_progress(one_by_one_case(dm, device, bf16, K, B, max_len,
+                                                        rows[-1]["images_per_s"])))
             dm.model.to("cpu")
     return {"decode": rows, "one_by_one": serial}
 
