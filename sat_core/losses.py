@@ -29,7 +29,7 @@ def attention_entropy(alphas: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class MovingBaseline:
-    """b_k = decay · b_{k−1} + (1 − decay) · mean log p(y | s̃_k, a); starts at the first reward."""
+    """b_k = decay · b_{k−1} + (1 − decay) · mean_batch log p(y | s̃_k, a); starts at the first reward."""
 
     def __init__(self, decay: float = 0.9, value: float | None = None) -> None:
         self.decay = decay
@@ -61,10 +61,11 @@ def caption_loss(
 ) -> LossParts:
     """The loss to minimise for soft (L_d) or hard (−L_s surrogate) attention.
 
-    Soft: mean token NLL + λ · mean doubly stochastic penalty.
-    Hard: mean token NLL (∂ log p(y|s̃,a)) − λ_r · (R − b) · log p(s̃|a) − λ_e · H[s̃], where the reward R
-    is the example's mean per-token log p(y | s̃, a) (per token, so captions of different lengths share
-    one baseline) and the REINFORCE and entropy terms apply to the examples that sampled locations.
+    Every term is a per-caption sum as in PAPER.md, summed over the batch and divided by the
+    batch's number of real tokens (so the learning rate does not depend on caption length):
+    soft: −log p(y|a) + λ Σ_i (1 − Σ_t α_ti)²;
+    hard: −log p(y|s̃,a) − λ_r (log p(y|s̃,a) − b) log p(s̃|a) − λ_e H[s̃], the last two terms for the
+    examples that sampled locations (the others were trained with the expectation α).
     """
     mask = (targets != 0).float()  # (B, T); <pad> = 0
     tokens = mask.sum().clamp_min(1)
@@ -72,24 +73,24 @@ def caption_loss(
     loss = nll_tok.sum() / tokens
     dsa = doubly_stochastic(out.alphas, mask)  # (B,)
     if dsa_lambda:
-        loss = loss + dsa_lambda * dsa.mean()
+        loss = loss + dsa_lambda * dsa.sum() / tokens
     rf_value = ent_value = 0.0
     if hard is not None and bool(out.sampled.any()):
         rows = out.sampled
-        reward = -(nll_tok.sum(1) / mask.sum(1).clamp_min(1)).detach()  # (B,) mean log p per token
+        reward = -nll_tok.sum(1).detach()  # (B,) log p(y | s̃, a)
         b = reward[rows].mean() if baseline is None or baseline.value is None else baseline.value
         advantage = (reward - b) if hard.baseline else reward  # (B,)
         log_p_s = (out.log_p_loc * mask).sum(1)  # (B,) log p(s̃ | a)
         entropy = attention_entropy(out.alphas, mask)  # (B,)
-        n = rows.sum()
         if hard.reinforce:
-            rf = -(hard.reinforce_weight * advantage * log_p_s)[rows].sum() / n
+            rf = -(hard.reinforce_weight * advantage * log_p_s)[rows].sum() / tokens
             loss = loss + rf
             rf_value = float(rf.detach())
         if hard.entropy_weight:
-            ent = entropy[rows].sum() / n
+            ent = entropy[rows].sum() / tokens
             loss = loss - hard.entropy_weight * ent
             ent_value = float(ent.detach())
         if baseline is not None and hard.baseline:
             baseline.update(reward[rows])
-    return LossParts(loss, float(nll_tok.detach().sum() / tokens), float(dsa.detach().mean()), rf_value, ent_value, int(tokens))
+    return LossParts(loss, float(nll_tok.detach().sum() / tokens), float(dsa.detach().mean()), rf_value,
+                     ent_value, int(tokens))

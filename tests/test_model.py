@@ -110,7 +110,7 @@ def test_baseline_is_updated_by_the_loss_with_sampled_examples_only():
     out = _Out(logits, torch.full((2, 2, 3), 1 / 3), torch.zeros(2, 2), torch.tensor([True, False]))
     base = MovingBaseline(0.9, value=-1.0)
     caption_loss(out, targets, dsa_lambda=0.0, hard=HardAttentionConfig(), baseline=base)
-    reward0 = torch.log_softmax(logits[0], -1)[[0, 1], [4, 2]].mean().item()
+    reward0 = torch.log_softmax(logits[0], -1)[[0, 1], [4, 2]].sum().item()
     assert base.value == pytest.approx(0.9 * -1.0 + 0.1 * reward0, rel=1e-5)
 
 
@@ -122,6 +122,17 @@ def test_switching_off_reinforce_and_entropy_leaves_plain_likelihood():
     parts = caption_loss(out, targets, dsa_lambda=0.0, hard=off)
     nll = torch.nn.functional.cross_entropy(logits[0], targets[0])
     assert parts.total.item() == pytest.approx(nll.item(), rel=1e-6)
+
+
+def test_soft_loss_adds_the_penalty_per_token_like_the_likelihood():
+    targets = torch.tensor([[4, 2, 0]])  # two real tokens, one pad
+    logits = torch.randn(1, 3, 6)
+    alphas = torch.softmax(torch.randn(1, 3, 4), -1)
+    out = _Out(logits, alphas, torch.zeros(1, 3), torch.tensor([False]))
+    parts = caption_loss(out, targets, dsa_lambda=0.5)
+    nll = torch.nn.functional.cross_entropy(logits[0, :2], targets[0, :2], reduction="sum")
+    dsa = ((1 - alphas[0, :2].sum(0)) ** 2).sum()
+    assert parts.total.item() == pytest.approx(((nll + 0.5 * dsa) / 2).item(), rel=1e-5)
 
 
 def test_encoders_report_their_true_grid():
