@@ -132,6 +132,7 @@ class TrainConfig:
     pretrained: bool = False
     finetune_encoder: bool = False
     image_size: int = 0  # 0: 112 for the small encoder, 224 for vgg19/resnet101
+    encoder_weights: str = ""  # small encoder pretrained by sat_core.pretrain (then frozen)
     small_channels: tuple[int, ...] = (24, 48, 96)
     embed_dim: int = 64
     hidden_dim: int = 256

@@ -45,7 +45,8 @@ class Interrupted(Exception):
 def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     feature_dim = cfg.small_channels[-1] if cfg.encoder == "small" else FEATURE_DIMS[cfg.encoder]
     return ModelConfig(
-        encoder=cfg.encoder, pretrained=cfg.pretrained, finetune_encoder=cfg.finetune_encoder,
+        encoder=cfg.encoder, pretrained=cfg.pretrained or bool(cfg.encoder_weights),
+        finetune_encoder=cfg.finetune_encoder,
         small_channels=cfg.small_channels, feature_dim=feature_dim, vocab_size=vocab_size,
         embed_dim=cfg.embed_dim, hidden_dim=cfg.hidden_dim, attn_dim=cfg.attn_dim,
         attention=cfg.attention, gate=cfg.gate, dropout=cfg.dropout, hard=cfg.hard,
@@ -175,7 +176,10 @@ class Trainer:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         self.model_config = model_config(cfg, len(self.vocab))
-        self.model = Captioner(self.model_config).to(self.device)
+        self.model = Captioner(self.model_config)
+        if cfg.encoder_weights:
+            self._load_encoder(Path(cfg.encoder_weights))
+        self.model.to(self.device)
         cuda = self.device.type == "cuda"
         if cuda and cfg.channels_last:
             self.model.encoder.to(memory_format=torch.channels_last)
@@ -188,6 +192,16 @@ class Trainer:
         opt = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.RMSprop
         self.optimizer = opt(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.features = self._feature_cache()
+
+    def _load_encoder(self, path: Path) -> None:
+        if self.cfg.encoder != "small":
+            raise SatError("--encoder-weights is for the small encoder; vgg19/resnet101 use --pretrained.")
+        tensors, _meta = ckpt.read_tensors(path)
+        try:
+            self.model.encoder.load_state_dict(tensors)
+        except RuntimeError as exc:
+            raise SatError(f"{path} does not fit the small encoder {list(self.cfg.small_channels)}: "
+                           f"{str(exc).splitlines()[0]} Use the --small-channels it was pretrained with.") from None
 
     def _feature_cache(self) -> torch.Tensor | None:
         """A frozen encoder gives the same annotations every epoch: compute them once (fp16, CPU)."""

@@ -101,7 +101,9 @@ class Encoder(nn.Module):
                 f"feature_dim {config.feature_dim} does not match the {config.encoder} encoder's "
                 f"{self.feature_dim}; set feature_dim={self.feature_dim}."
             )
-        self.trainable = config.finetune_encoder or config.encoder == "small"
+        # vgg19/resnet101 are frozen, as in the paper, unless fine-tuning is asked for; the small CNN
+        # trains end to end unless it was pretrained (sat_core.pretrain), and is then frozen too.
+        self.trainable = config.finetune_encoder or (config.encoder == "small" and not config.pretrained)
         if not self.trainable:
             self.body.requires_grad_(False)
 
