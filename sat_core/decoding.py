@@ -103,11 +103,17 @@ def _log_probs(logits: torch.Tensor, banned: list[int]) -> torch.Tensor:
 def _encode(model: Captioner, inputs: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
     """Images (B, 3, H, W) or precomputed annotations (B, L, D) -> annotations and grid."""
     if inputs.dim() == 4:
-        return model.encode(inputs), model.grid
+        # The grid comes from this call's encoder output, not from shared model state: threads
+        # serving different users share one model.
+        return model.encode_with_grid(inputs)
     if model.grid is None or model.grid[0] * model.grid[1] != inputs.shape[1]:
-        side = int(round(inputs.shape[1] ** 0.5))
-        return inputs, (side, inputs.shape[1] // side)
+        return inputs, _square_grid(inputs.shape[1])
     return inputs, model.grid
+
+
+def _square_grid(L: int) -> tuple[int, int]:
+    side = int(round(L**0.5))
+    return side, L // side
 
 
 def _sample_mask(model: Captioner, cfg: DecodeConfig, n: int, device) -> torch.Tensor | None:

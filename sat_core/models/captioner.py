@@ -36,10 +36,15 @@ class Captioner(nn.Module):
     def hard(self) -> bool:
         return self.decoder.hard
 
+    def encode_with_grid(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Annotations (B, L, D) and this batch's grid (gh, gw)."""
+        feats, grid = self.encoder(images)
+        self.grid = grid  # the last grid seen, for callers that pass annotations instead of images
+        return feats, grid
+
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """Annotations (B, L, D); the grid shape is kept in ``self.grid``."""
-        feats, self.grid = self.encoder(images)
-        return feats
+        return self.encode_with_grid(images)[0]
 
     def forward(
         self,
