@@ -6,7 +6,8 @@ Generates the embedded world into ``data/world`` if it is missing, pretrains the
 (``sat_core.pretrain``, shared by both presets) if missing, trains with the preset
 ``sat_core/presets/world_<name>.json`` (or ``--skip-train`` to reuse its run directory), evaluates the
 best validation checkpoint on the test split, and writes ``checkpoints/<name>/`` with fp16 weights,
-``config.json``, ``metrics.json``, ``eval_records.json`` and ``MODEL_CARD.md``.
+``config.json``, ``metrics.json``, ``eval_records.json``, ``MODEL_CARD.md`` and ``example.png`` (the
+first test image with its caption and an α map per word).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def package(name: str, cfg: TrainConfig, beam: int, out_root: Path) -> dict[str,
     records = result.pop("records")
     metrics = {**result, "training": summary}
     target = out_root / name
+    figure = example_figure(loaded, data)
     ckpt.save_checkpoint(
         target, loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
         preprocess=loaded.preprocess, training={"preset": f"world_{name}.json", **summary,
@@ -94,7 +96,27 @@ def package(name: str, cfg: TrainConfig, beam: int, out_root: Path) -> dict[str,
         metrics=metrics, dtype=torch.float16, model_card=model_card(name, cfg, metrics),
         extra_json={"eval_records.json": {"split": "test", "beam": beam, "records": records}},
     )
+    (target / "example.png").write_bytes(figure)
     return metrics
+
+
+def example_figure(loaded: ckpt.LoadedCheckpoint, data, index: int = 0, beam: int = 3) -> bytes:
+    """The paper's figure for one test image: its caption with an α map per word, as PNG bytes."""
+    import numpy as np
+
+    from sat_core.decoding import beam_search
+    from sat_core.images import crop_for_display, load_image, preprocess
+    from sat_core.viz import strip_png, word_strip
+
+    record = data.images[data.split("test")[index]]
+    image = load_image(record.path)
+    tensor, _crop = preprocess(image, loaded.preprocess)
+    hyp = beam_search(loaded.model, tensor[None], loaded.vocab, DecodeConfig(beam_size=beam))[0][0]
+    words = hyp.words + (["<end>"] if hyp.finished else [])
+    crop = np.asarray(crop_for_display(image, loaded.preprocess))
+    strip = word_strip(crop, words, hyp.alphas, hyp.grid, method="pyramid", sigma=8.0, panel_size=112,
+                       columns=min(len(words) + 1, 8))
+    return strip_png(strip)
 
 
 def _encoder_minutes(cfg: TrainConfig) -> str:
