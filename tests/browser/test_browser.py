@@ -1,0 +1,101 @@
+"""The explorer in a real Chromium: upload, caption, step through, a bad file and recovery.
+
+Every expected word is computed here with sat_core on the same image and settings, so a page that
+shows a stale, wrong or empty caption fails.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sat_core.config import DecodeConfig
+from sat_core.decoding import DecodeSession, beam_search
+from sat_core.images import load_image, preprocess
+
+from explorer.screenshots import choose_upload, click_button, go_to, shoot, upload, wait_for_text
+from tests.browser.conftest import ARTIFACTS, TIMEOUT_S, BrowserEnv
+from tests.explorer.conftest import photo_jpeg
+
+pytestmark = pytest.mark.browser
+STEPS = 4  # steps shown in the step-through test (Next clicked STEPS - 1 times)
+
+
+def expected_caption(env: BrowserEnv, data: bytes) -> str:
+    """The caption the app must show: the tiny soft model's best beam at the sidebar's defaults."""
+    loaded = env.checkpoint("soft")
+    tensor, _ = preprocess(load_image(data), loaded.preprocess)
+    best = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, DecodeConfig(beam_size=3, max_len=20))[0][0]
+    return best.caption or "(empty)"
+
+
+def expected_steps(env: BrowserEnv, data: bytes, n: int) -> list[str]:
+    """The first ``n`` greedy words, as the step-through view decodes them."""
+    loaded = env.checkpoint("soft")
+    tensor, _ = preprocess(load_image(data), loaded.preprocess)
+    session = DecodeSession(loaded.model, loaded.vocab, tensor, DecodeConfig(beam_size=1, max_len=20), top_k=5)
+    for _ in range(n):
+        if not session.done:
+            session.step()
+    return [s.word for s in session.steps]
+
+
+def shown_caption(page) -> str:
+    lines = page.get_by_test_id("stMain").get_by_test_id("stMarkdownContainer").filter(
+        has_text=re.compile(r"^Caption:")).all_inner_texts()
+    assert len(lines) == 1, lines
+    return lines[0].removeprefix("Caption:").strip()
+
+
+def main_text(page) -> str:
+    return page.get_by_test_id("stMain").inner_text()
+
+
+def test_upload_caption_then_step_through(page, browser_env):
+    data = browser_env.test_scene(0).read_bytes()
+    choose_upload(page, TIMEOUT_S)
+    assert "Choose a gallery scene or upload an image" in main_text(page)
+    upload(page, "scene.png", data)
+    wait_for_text(page, "Where the model looked for each word", TIMEOUT_S, "the caption of scene.png")
+    caption = expected_caption(browser_env, data)
+    assert caption != "(empty)" and len(caption.split()) >= STEPS  # the tiny model says something
+    assert shown_caption(page) == caption
+    assert page.get_by_test_id("stMain").get_by_test_id("stImage").count() >= 2  # the crop view and the α strip
+    assert "beam size 3" in main_text(page)
+    shoot(page, ARTIFACTS / "caption-upload.png")
+
+    words = expected_steps(browser_env, data, STEPS)
+    go_to(page, "Step through", "What happens in one step", TIMEOUT_S)
+    for n in range(1, STEPS + 1):
+        if n > 1:
+            click_button(page, "Next ▶", TIMEOUT_S)
+            wait_for_text(page, f"Step {n}:", TIMEOUT_S, f"step {n}")
+        text = main_text(page)
+        assert f"α at step {n} (word “{words[n - 1]}”)" in text, text[:600]
+        running = re.search(rf"Step {n}:\s*(.*)", text).group(1).split()
+        assert running == words[:n]  # the running caption, current word last
+        alpha = page.get_by_test_id("stPlotlyChart").first
+        assert alpha.locator(".main-svg").first.is_visible()  # plotly drew the α figure
+    assert page.get_by_test_id("stPlotlyChart").count() >= 2  # α and the top-k bars
+    assert "sampled location" not in main_text(page)  # a soft model has no location
+    shoot(page, ARTIFACTS / "step-through.png")
+
+
+def test_bad_upload_shows_the_message_and_the_next_upload_works(page, browser_env):
+    choose_upload(page, TIMEOUT_S)
+    upload(page, "holiday.png", b"this is just text, not a picture\n")
+    wait_for_text(page, "is not an image", TIMEOUT_S, "the message about holiday.png")
+    errors = page.get_by_test_id("stAlertContentError").all_inner_texts()
+    assert len(errors) == 1 and "'holiday.png' is not an image: its content is a text file" in errors[0], errors
+    assert "Caption:" not in main_text(page)
+    assert page.get_by_test_id("stException").count() == 0
+    shoot(page, ARTIFACTS / "bad-upload.png")
+
+    photo = photo_jpeg()
+    upload(page, "astronaut.jpg", photo, mime="image/jpeg")
+    wait_for_text(page, "Where the model looked for each word", TIMEOUT_S, "the caption of astronaut.jpg")
+    assert shown_caption(page) == expected_caption(browser_env, photo)
+    assert page.get_by_test_id("stAlertContentError").count() == 0
+    assert "trained on synthetic shapes" in main_text(page)  # a photo is far from the training scenes
+    shoot(page, ARTIFACTS / "good-upload-after-bad.png")
