@@ -132,7 +132,7 @@ class Trainer:
         self.baseline = MovingBaseline(cfg.hard.baseline_decay)
         if resume:
             self._restore()
-        elif self.main_process:
+        if self.main_process:  # on resume too: flags given with --resume (--lr, --epochs) hold from now on
             self.run_dir.mkdir(parents=True, exist_ok=True)
             ckpt.write_json_atomic(self.run_dir / "train_config.json", cfg.to_dict())
 
@@ -351,6 +351,8 @@ class Trainer:
         flat, _meta = ckpt.read_tensors(last / STATE_TENSORS)
         saved = ckpt.unflatten_state(flat, state["skeleton"])
         self.optimizer.load_state_dict(saved["optimizer"])
+        for group in self.optimizer.param_groups:  # the saved groups carry the old rate; the config wins
+            group["lr"], group["weight_decay"] = self.cfg.lr, self.cfg.weight_decay
         torch.set_rng_state(saved["torch_rng"])
         if saved["cuda_rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(saved["cuda_rng"])
