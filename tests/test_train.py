@@ -163,11 +163,29 @@ def _weights_equal(a: Path, b: Path) -> bool:
     return all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-@pytest.mark.parametrize("attention", ["soft", "hard"])
-def test_resume_mid_epoch_after_sigterm_matches_an_uninterrupted_run(world_data, tmp_path, monkeypatch, attention):
+def _frozen_encoder(path: Path) -> Path:
+    """A small-encoder weights file, as ``sat_core.pretrain`` writes: training then freezes and caches it."""
+    from sat_core.config import ModelConfig
+    from sat_core.models.encoder import Encoder
+
+    torch.manual_seed(123)
+    config = ModelConfig(small_channels=(8, 16, 16), feature_dim=16, vocab_size=10)
+    ckpt.save_tensors_atomic(path, Encoder(config).state_dict())
+    return path
+
+
+@pytest.mark.parametrize("attention, extra", [
+    ("soft", ()),
+    ("hard", ()),
+    ("hard", ("--batching", "image", "--encoder-weights", "FROZEN")),  # cached features, image batches
+], ids=["soft", "hard", "hard-frozen-image-batches"])
+def test_resume_mid_epoch_after_sigterm_matches_an_uninterrupted_run(world_data, tmp_path, monkeypatch,
+                                                                      attention, extra):
     data, images = world_data
+    if "FROZEN" in extra:
+        extra = tuple(str(_frozen_encoder(tmp_path / "encoder.safetensors")) if e == "FROZEN" else e for e in extra)
     flags = ("--attention", attention, "--batch-size", "4", "--lr", "3e-3", "--patience", "0", "--seed", "1",
-             "--epochs", "2")
+             "--epochs", "2", *extra)
     assert train.main(train_args(data, images, tmp_path / "a", *flags)) == 0
 
     # Deliver "SIGTERM" during the 3rd optimizer step of run b: the handler's flag, as a real signal sets it.
@@ -186,6 +204,24 @@ def test_resume_mid_epoch_after_sigterm_matches_an_uninterrupted_run(world_data,
     assert (state["epoch"], state["batch_in_epoch"], state["step"]) == (0, 3, 3)
     assert train.main(["--resume", str(tmp_path / "b")]) == 0
     assert_same_run(tmp_path / "a", tmp_path / "b")
+    if "--encoder-weights" in extra:  # the pretrained encoder stayed frozen through training and resume
+        frozen = ckpt.read_tensors(tmp_path / "encoder.safetensors")[0]
+        weights = _weights(tmp_path / "b")
+        assert all(torch.equal(weights["encoder." + k], v) for k, v in frozen.items())
+
+
+def test_resume_applies_a_new_learning_rate_and_remembers_it(tiny_data, tmp_path):
+    """The NaN message says "lower --lr, then --resume": the lower rate must reach the optimizer."""
+    data, images = tiny_data
+    run = tmp_path / "run"
+    assert train.main(train_args(data, images, run, "--epochs", "1", "--lr", "1e-2")) == 0
+    trainer = train.Trainer(*train.parse_config(["--resume", str(run), "--lr", "1e-4", "--epochs", "2"]))
+    assert [g["lr"] for g in trainer.optimizer.param_groups] == [1e-4]
+    assert trainer.optimizer.state, "the optimizer moments were restored"
+    trainer.run()
+    # A later plain --resume keeps the lowered rate instead of going back to the first one.
+    again = train.Trainer(*train.parse_config(["--resume", str(run), "--epochs", "3"]))
+    assert [g["lr"] for g in again.optimizer.param_groups] == [1e-4]
 
 
 def test_save_every_writes_mid_epoch_state(world_data, tmp_path, monkeypatch):
