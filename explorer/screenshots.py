@@ -35,16 +35,20 @@ VIEWPORT = {"width": 1400, "height": 1000}
 
 # True once the script run is over and ``needle`` (or an exception) is in the main area; stale
 # elements of the previous run are gone by then.
-_IDLE_WITH_TEXT = """([needle]) => {
+IDLE_WITH_TEXT_JS = """([needle]) => {
   const app = document.querySelector('[data-testid="stApp"]');
   if (!app || app.getAttribute('data-test-script-state') !== 'notRunning') return false;
   const main = document.querySelector('[data-testid="stMain"]');
   return !!main && (main.innerText.includes(needle) || !!main.querySelector('[data-testid="stException"]'));
 }"""
-_SCRIPT_STATE = """() => {
+SCRIPT_STATE_JS = """() => {
   const app = document.querySelector('[data-testid="stApp"]');
   return app ? app.getAttribute('data-test-script-state') : null;
 }"""
+
+
+class AppError(RuntimeError):
+    """The page shows a Python exception instead of what was expected."""
 
 
 # ---- the server -----------------------------------------------------------------------------------
@@ -159,16 +163,12 @@ def launch_chromium(playwright: Any, executable: str | None = None) -> Any:
 def wait_for_text(page: Any, needle: str, timeout_s: float, what: str) -> None:
     """Wait until the script run is over and ``needle`` shows in the main area (sync page)."""
     try:
-        page.wait_for_function(_IDLE_WITH_TEXT, arg=[needle], timeout=timeout_s * 1000, polling=100)
+        page.wait_for_function(IDLE_WITH_TEXT_JS, arg=[needle], timeout=timeout_s * 1000, polling=100)
     except Exception as err:
         raise TimeoutError(f"{what}: {needle!r} did not show within {timeout_s:.0f} s "
                            f"(script state {script_state(page)!r}). {page_errors(page)}") from err
     if page.get_by_test_id("stException").count():
         raise AppError(f"{what}: the app raised an exception. {page_errors(page)}")
-
-
-class AppError(RuntimeError):
-    """The page shows a Python exception instead of what was expected."""
 
 
 def wait_idle(page: Any, timeout_s: float, what: str, settle_s: float = 0.8) -> None:
@@ -190,7 +190,7 @@ def wait_idle(page: Any, timeout_s: float, what: str, settle_s: float = 0.8) -> 
 
 def script_state(page: Any) -> str | None:
     try:
-        return page.evaluate(_SCRIPT_STATE)
+        return page.evaluate(SCRIPT_STATE_JS)
     except Exception:
         return None
 
@@ -328,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             page = browser.new_page(viewport=VIEWPORT)
             try:
                 saved = tour(page, url, args.out, args.timeout, args.image, args.scene)
-            except TimeoutError as err:
+            except (TimeoutError, AppError) as err:
                 page.screenshot(path=str(args.out / "failed.png"))
                 raise SystemExit(f"{err}\nWhat the browser showed: {args.out / 'failed.png'}; "
                                  f"the server's log: {args.out / 'server.log'}") from None

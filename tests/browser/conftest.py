@@ -25,6 +25,7 @@ from tests.explorer.conftest import N_TEST, N_TRAIN, _tiny
 
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "browser"
 TIMEOUT_S = 120.0  # one page or click; generous because the CPU may be shared
+FIRST_PAGE_S = 300.0  # the first page of a fresh server also imports torch and loads the model and gallery
 
 
 @dataclass
@@ -99,7 +100,7 @@ def page(browser, app_url, request) -> Iterator[Any]:
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_S * 1000)
     page.goto(f"{app_url}/?ckpt=tiny-soft")
-    wait_for_text(page, "Caption:", TIMEOUT_S, "the first caption")
+    wait_for_text(page, "Caption:", FIRST_PAGE_S, "the first caption")
     yield page
     page.screenshot(path=str(ARTIFACTS / f"{request.node.name}-last.png"))
     context.close()

@@ -1,0 +1,418 @@
+"""A classroom at once: N concurrent browser sessions upload different images and step through them.
+
+    python -m explorer.loadtest [--sessions 30] [--steps 5] [--checkpoint DIR] [--world DIR] [--json OUT]
+
+Starts the app on 127.0.0.1 twice, each time fresh: first for ONE session (the reference), then for
+``--sessions`` sessions at once (Playwright contexts in one headless Chromium). Each session opens the
+app, uploads its own image (synthetic scenes and scikit-image photos, all different), waits for the
+caption, then opens *Step through* and clicks Next up to ``--steps`` times. Measured:
+
+  time to caption  upload -> the caption page has finished running with the caption shown
+  step time        click on Next -> the next step shown
+  errors           exceptions, timeouts, error boxes on the page; captions or steps that differ
+                   from what sat_core decodes for the same image (a session shown another's result)
+  peak memory      the server's RSS (process tree, polled) and VmHWM, single session vs all at once
+
+Targets (issue 6): 0 errors, p95 time to caption under 5 s, peak memory under 2x a single session's.
+Not part of the test run: it takes minutes and wants a quiet machine (the browser shares the CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import math
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from explorer.screenshots import (
+    IDLE_WITH_TEXT_JS, SCRIPT_STATE_JS, VIEWPORT, AppServer, find_chromium, launch_chromium,
+)
+from explorer.settings import DEFAULT_CHECKPOINTS, REPO_ROOT
+
+PHOTOS = ["astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
+          "camera", "coins", "moon", "brick", "clock"]  # scikit-image's offline images
+TARGET_P95_S, TARGET_MEMORY_RATIO = 5.0, 2.0
+
+
+@dataclass
+class Upload:
+    name: str
+    data: bytes
+    mime: str
+
+
+@dataclass
+class SessionResult:
+    index: int
+    image: str
+    time_to_caption_s: float | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    caption: str | None = None
+    step_words: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+# ---- images ---------------------------------------------------------------------------------------
+
+def make_images(n: int, seed: int = 0) -> list[Upload]:
+    """``n`` different images: even ones synthetic scenes (PNG), odd ones photos (JPEG / grey PNG)."""
+    import numpy as np
+    from PIL import Image
+    from skimage import data as skdata
+
+    from sat_core.world import generate_scene, render
+
+    out = []
+    for k in range(n):
+        rng = np.random.default_rng([seed, k])
+        if k % 2 == 0:
+            image, name, fmt = Image.fromarray(render(generate_scene(rng))), f"scene_{k:02d}.png", "PNG"
+        else:
+            base = PHOTOS[(k // 2) % len(PHOTOS)]
+            photo = getattr(skdata, base)()  # (H, W, 3) or (H, W)
+            h, w = photo.shape[:2]
+            side = int(min(h, w) * rng.uniform(0.6, 1.0))  # a different crop and size each time
+            top, left = int(rng.integers(0, h - side + 1)), int(rng.integers(0, w - side + 1))
+            image = Image.fromarray(photo[top:top + side, left:left + side])
+            image = image.resize((int(rng.integers(224, 900)),) * 2)
+            fmt = "JPEG" if photo.ndim == 3 else "PNG"
+            name = f"{base}_{k:02d}.{'jpg' if fmt == 'JPEG' else 'png'}"
+        buffer = io.BytesIO()
+        image.save(buffer, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+        out.append(Upload(name, buffer.getvalue(), "image/jpeg" if fmt == "JPEG" else "image/png"))
+    return out
+
+
+# ---- server memory --------------------------------------------------------------------------------
+
+def _status_kb(pid: int, field_name: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (from /proc/<pid>/task/<tid>/children)."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+class MemoryPoller:
+    """Polls the server tree's summed VmRSS in a thread; ``peak_mb`` is the largest sum seen."""
+
+    def __init__(self, pid: int, interval_s: float = 0.2):
+        self.pid, self.interval_s = pid, interval_s
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def rss_kb(self) -> int:
+        return sum(_status_kb(p, "VmRSS") for p in process_tree(self.pid))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_kb = max(self.peak_kb, self.rss_kb())
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> MemoryPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.peak_kb = max(self.peak_kb, self.rss_kb())
+
+    @property
+    def peak_mb(self) -> float:
+        return self.peak_kb / 1024
+
+    def hwm_mb(self) -> float:
+        """The server process's own high-water mark (VmHWM) since it started."""
+        return _status_kb(self.pid, "VmHWM") / 1024
+
+
+# ---- one browser session --------------------------------------------------------------------------
+
+async def wait_text(page: Any, needle: str, timeout_s: float, what: str) -> None:
+    """Wait until the run is over and ``needle`` shows (async twin of screenshots.wait_for_text)."""
+    try:
+        await page.wait_for_function(IDLE_WITH_TEXT_JS, arg=[needle], timeout=timeout_s * 1000, polling=100)
+    except Exception as err:
+        state = await page.evaluate(SCRIPT_STATE_JS)
+        raise TimeoutError(f"{what}: {needle!r} not shown within {timeout_s:.0f} s (script {state})") from err
+    shown = await page.get_by_test_id("stException").all_inner_texts()
+    if shown:
+        raise RuntimeError(f"{what}: exception on the page: {shown[0][:300]}")
+
+
+async def run_session(browser: Any, url: str, upload: Upload, result: SessionResult, steps: int,
+                      timeout_s: float) -> None:
+    """Upload, wait for the caption, step through; fills ``result`` (errors included, never raises)."""
+    context = await browser.new_context(viewport=VIEWPORT)
+    try:
+        page = await context.new_page()
+        page.set_default_timeout(timeout_s * 1000)
+        await page.goto(url, timeout=timeout_s * 1000)
+        await wait_text(page, "Choose a gallery scene or upload", timeout_s, "the first page")
+        started = time.monotonic()
+        await page.locator('[data-testid="stSidebar"] input[type=file]').set_input_files(
+            files=[{"name": upload.name, "mimeType": upload.mime, "buffer": upload.data}])
+        await wait_text(page, "Caption:", timeout_s, "the caption")
+        result.time_to_caption_s = time.monotonic() - started
+        main = page.get_by_test_id("stMain")
+        lines = [t for t in await main.get_by_test_id("stMarkdownContainer").all_inner_texts()
+                 if t.startswith("Caption:")]
+        result.caption = lines[0].removeprefix("Caption:").strip() if lines else None
+        await page.get_by_test_id("stSidebarNavLink").filter(has_text="Step through").first.click()
+        await wait_text(page, "Step 1:", timeout_s, "step 1")
+        for n in range(2, steps + 1):
+            button = page.get_by_role("button", name="Next ▶", exact=True).first
+            if await button.is_disabled():
+                break  # the caption is complete
+            started = time.monotonic()
+            await button.click()
+            await wait_text(page, f"Step {n}:", timeout_s, f"step {n}")
+            result.step_times_s.append(time.monotonic() - started)
+        text = await main.inner_text()
+        line = next((ln for ln in text.splitlines() if ln.startswith("Step ") and ":" in ln), "")
+        result.step_words = line.partition(":")[2].split()
+        result.errors += [f"error box: {t[:300]}" for t in
+                          await page.get_by_test_id("stAlertContentError").all_inner_texts()]
+    except Exception as err:  # a failed session is a measurement, not a crash of the load test
+        result.errors.append(f"{type(err).__name__}: {str(err)[:500]}")
+    finally:
+        await context.close()
+
+
+async def drive(url: str, uploads: Sequence[Upload], steps: int, timeout_s: float, ramp_s: float,
+                max_total_s: float, chromium: str | None) -> list[SessionResult]:
+    """All sessions at once in one Chromium (starts spread over ``ramp_s``); bounded by ``max_total_s``."""
+    from playwright.async_api import async_playwright
+
+    results = [SessionResult(k, u.name) for k, u in enumerate(uploads)]
+
+    async def one(k: int) -> None:
+        await asyncio.sleep(ramp_s * k / max(1, len(uploads)))
+        await run_session(browser, url, uploads[k], results[k], steps, timeout_s)
+
+    async with async_playwright() as p:
+        browser = await launch_chromium(p, chromium)
+        try:
+            tasks = [asyncio.create_task(one(k)) for k in range(len(uploads))]
+            _, pending = await asyncio.wait(tasks, timeout=max_total_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            for k, task in enumerate(tasks):
+                if task in pending:
+                    results[k].errors.append(f"did not finish within {max_total_s:.0f} s")
+        finally:
+            await browser.close()
+    return results
+
+
+# ---- phases, checks, report -----------------------------------------------------------------------
+
+def checkpoint_name(checkpoint: Path) -> str:
+    """The name the app's sidebar gives ``checkpoint`` when started with ``--checkpoints checkpoint``."""
+    import os
+
+    from sat_core.checkpoint import list_checkpoints
+    from explorer.settings import parse_settings
+    from explorer.sidebar import checkpoint_names
+
+    roots = parse_settings(["--checkpoints", str(checkpoint)], os.environ).checkpoint_roots
+    names = checkpoint_names([str(p) for p in list_checkpoints(roots)], roots)
+    for name, path in names.items():
+        if Path(path) == checkpoint.resolve():
+            return name
+    raise SystemExit(f"{checkpoint} is not a checkpoint folder (config.json + model.safetensors).")
+
+
+def run_phase(label: str, uploads: Sequence[Upload], args: argparse.Namespace, query: str) -> dict[str, Any]:
+    """A fresh server, the sessions at once, the server's memory; the server stopped afterwards."""
+    args.logs.mkdir(parents=True, exist_ok=True)
+    server = AppServer(checkpoints=[args.checkpoint], world=args.world, log=args.logs / f"server-{label}.log")
+    print(f"[{label}] starting the app on {server.url} …", flush=True)
+    with server:
+        poller = MemoryPoller(server.pid)
+        at_start = poller.rss_kb() / 1024
+        print(f"[{label}] {len(uploads)} session(s) …", flush=True)
+        started = time.monotonic()
+        with poller:
+            results = asyncio.run(drive(f"{server.url}/?{query}", uploads, args.steps, args.timeout,
+                                        args.ramp, args.max_seconds, args.chromium))
+        wall = time.monotonic() - started
+        hwm = poller.hwm_mb()
+    peak = max(poller.peak_mb, hwm)
+    print(f"[{label}] done in {wall:.1f} s; server peak {peak:.0f} MB", flush=True)
+    return {"label": label, "sessions": len(uploads), "wall_s": wall, "rss_at_start_mb": at_start,
+            "peak_rss_polled_mb": poller.peak_mb, "vmhwm_mb": hwm, "peak_mb": peak,
+            "results": [asdict(r) for r in results]}
+
+
+def check_against_sat_core(phase: dict[str, Any], uploads: Sequence[Upload], checkpoint: Path) -> int:
+    """Compare every session's caption and steps with sat_core's decode of its image; mismatches."""
+    from sat_core.checkpoint import load_checkpoint
+    from sat_core.config import DecodeConfig
+    from sat_core.decoding import DecodeSession, beam_search
+    from sat_core.images import load_image, preprocess
+
+    from explorer.state import DEFAULTS
+
+    loaded = load_checkpoint(checkpoint)
+    beam = DecodeConfig(beam_size=DEFAULTS["beam"], max_len=DEFAULTS["maxlen"], hard_mode=DEFAULTS["hard_mode"])
+    greedy = DecodeConfig(beam_size=1, max_len=DEFAULTS["maxlen"], hard_mode=DEFAULTS["hard_mode"])
+    mismatches = 0
+    for result, upload in zip(phase["results"], uploads):
+        if result["caption"] is None:
+            continue  # already an error
+        tensor, _ = preprocess(load_image(upload.data, name=upload.name), loaded.preprocess)
+        want = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, beam)[0][0].caption or "(empty)"
+        session = DecodeSession(loaded.model, loaded.vocab, tensor, greedy, top_k=5)
+        while len(session.steps) < len(result["step_words"]) and not session.done:
+            session.step()
+        words = [s.word for s in session.steps]
+        problems = []
+        if result["caption"] != want:
+            problems.append(f"caption {result['caption']!r}, sat_core says {want!r}")
+        if result["step_words"] != words:
+            problems.append(f"steps {result['step_words']}, sat_core says {words}")
+        if problems:
+            mismatches += 1
+            result["errors"].append("wrong result: " + "; ".join(problems))
+    return mismatches
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (None for no values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered), max(1, math.ceil(q / 100 * len(ordered)))) - 1]
+
+
+def summarise(phase: dict[str, Any]) -> dict[str, Any]:
+    results = phase["results"]
+    captions = [r["time_to_caption_s"] for r in results if r["time_to_caption_s"] is not None]
+    steps = [t for r in results for t in r["step_times_s"]]
+    return {
+        "sessions": phase["sessions"], "sessions_with_errors": sum(1 for r in results if r["errors"]),
+        "errors": sum(len(r["errors"]) for r in results),
+        "caption_p50_s": statistics.median(captions) if captions else None,
+        "caption_p95_s": percentile(captions, 95), "caption_max_s": max(captions, default=None),
+        "step_p50_s": statistics.median(steps) if steps else None, "step_p95_s": percentile(steps, 95),
+        "steps_measured": len(steps), "peak_mb": phase["peak_mb"], "rss_at_start_mb": phase["rss_at_start_mb"],
+        "wall_s": phase["wall_s"],
+    }
+
+
+def _s(value: float | None, unit: str = "s") -> str:
+    return "—" if value is None else f"{value:.2f} {unit}"
+
+
+def report(many: dict[str, Any], single: dict[str, Any] | None) -> dict[str, Any]:
+    """Print the figures against the targets; return them."""
+    figures = {"load": summarise(many), "single": summarise(single) if single else None}
+    load, one = figures["load"], figures["single"]
+    ratio = load["peak_mb"] / one["peak_mb"] if one else None
+    figures["memory_ratio"] = ratio
+    print(f"\nsessions at once              {load['sessions']}  (wall {load['wall_s']:.1f} s)")
+    print(f"errors                        {load['errors']} in {load['sessions_with_errors']} session(s)")
+    print(f"time to caption p50 / p95     {_s(load['caption_p50_s'])} / {_s(load['caption_p95_s'])}"
+          f"  (max {_s(load['caption_max_s'])})")
+    print(f"step time p50 / p95           {_s(load['step_p50_s'])} / {_s(load['step_p95_s'])}"
+          f"  ({load['steps_measured']} clicks)")
+    print(f"server peak memory            {load['peak_mb']:.0f} MB  (at start {load['rss_at_start_mb']:.0f} MB)")
+    if one:
+        print(f"single session: caption {_s(one['caption_p50_s'])}, step p50 {_s(one['step_p50_s'])}, "
+              f"peak memory {one['peak_mb']:.0f} MB, errors {one['errors']}")
+        print(f"peak memory ratio             {ratio:.2f}x a single session's")
+    checks = [("0 errors", load["errors"] == 0 and (one is None or one["errors"] == 0)),
+              (f"p95 time to caption < {TARGET_P95_S:g} s",
+               load["caption_p95_s"] is not None and load["caption_p95_s"] < TARGET_P95_S)]
+    if ratio is not None:
+        checks.append((f"peak memory < {TARGET_MEMORY_RATIO:g}x single", ratio < TARGET_MEMORY_RATIO))
+    figures["targets"] = {name: ok for name, ok in checks}
+    print("targets: " + ", ".join(f"{name}: {'met' if ok else 'NOT met'}" for name, ok in checks))
+    for phase in (single, many):
+        for r in (phase or {}).get("results", []):
+            for error in r["errors"]:
+                print(f"  [{phase['label']} #{r['index']} {r['image']}] {error}")
+    return figures
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m explorer.loadtest", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=30, help="concurrent browser sessions (default 30)")
+    parser.add_argument("--steps", type=int, default=5, help="steps each session goes through (default 5)")
+    parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINTS / "soft",
+                        help="checkpoint folder the sessions use (default checkpoints/soft)")
+    parser.add_argument("--world", default=None, help="dataset folder of the app's gallery (as `-- --world`)")
+    parser.add_argument("--no-single", action="store_true", help="skip the single-session reference run")
+    parser.add_argument("--ramp", type=float, default=0.0, help="spread the session starts over this many seconds")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds one page or click may take")
+    parser.add_argument("--max-seconds", type=float, default=1200.0, help="bound on one phase's sessions")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generated images")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures and every session here")
+    parser.add_argument("--logs", type=Path, default=REPO_ROOT / "test-artifacts" / "loadtest",
+                        help="folder for the servers' logs")
+    parser.add_argument("--chromium", default=None, help="Chromium executable (default /usr/bin/chromium)")
+    args = parser.parse_args(argv)
+    if not 1 <= args.sessions <= 100 or not 1 <= args.steps <= 40:
+        parser.error("--sessions must be 1..100 and --steps 1..40")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        import playwright.async_api  # noqa: F401
+    except ImportError:
+        raise SystemExit("The Python package 'playwright' is needed (pip install playwright; "
+                         "no `playwright install`: Debian's chromium is used).") from None
+    if (args.chromium or find_chromium()) is None:
+        raise SystemExit("No Chromium found: apt-get install -y chromium.")
+    from urllib.parse import urlencode
+
+    query = urlencode({"source": "Upload", "ckpt": checkpoint_name(args.checkpoint)})
+    uploads = make_images(args.sessions, args.seed)
+    single = None if args.no_single else run_phase("single", uploads[:1], args, query)
+    many = run_phase(f"{args.sessions}-sessions", uploads, args, query)
+    print("checking every caption and step against sat_core …", flush=True)
+    for phase in (single, many):
+        if phase is not None:
+            phase["mismatches"] = check_against_sat_core(phase, uploads, args.checkpoint)
+    figures = report(many, single)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        command = "python -m explorer.loadtest " + " ".join(sys.argv[1:] if argv is None else argv)
+        out = {"command": command, "figures": figures, "single": single, "load": many}
+        args.json.write_text(json.dumps(out, indent=2))
+        print(f"written {args.json}")
+
+
+if __name__ == "__main__":
+    main()
