@@ -22,7 +22,7 @@ from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.data import ImageRecord, KarpathyData, load_karpathy
 from sat_core.decoding import Hypothesis, Intervention, beam_search, sample_hard, score_caption
 from sat_core.errors import DatasetError
-from sat_core.explain import DomainCheck, DomainReference, EvalImage, evaluation_records
+from sat_core.explain import DomainCheck, DomainReference
 from sat_core.images import CropInfo, crop_for_display, load_image, preprocess
 
 GALLERY_SIZE = 24  # test scenes generated when no dataset folder exists (plus training-like ones for the domain check)
@@ -180,18 +180,20 @@ def samples(ckpt: str, image_key: str, n: int, seed: int, max_len: int, _loaded:
 
 @st.cache_resource(max_entries=4, ttl=6 * 3600, show_spinner="Evaluating the gallery (once per checkpoint)…")
 def eval_records(ckpt: str, world_dir: str, cfg_json: str, _loaded: LoadedCheckpoint) -> dict[str, Any]:
-    """``eval_records.json`` of the checkpoint when it has one, else computed over the gallery."""
+    """``eval_records.json`` of the checkpoint when it has one (corpus, grounded and attention figures
+    from its metrics), else ``sat_core.evaluate`` over the gallery now: records of one format either way."""
     stored = _loaded.path / EVAL_RECORDS_FILE
     if stored.is_file():
-        records = json.loads(stored.read_text(encoding="utf-8"))
-        records.setdefault("source", f"{stored}")
-        return records
+        out = json.loads(stored.read_text(encoding="utf-8"))
+        for key in ("corpus", "grounded", "attention"):
+            out.setdefault(key, (_loaded.metrics or {}).get(key, {}))
+        out.setdefault("source", f"{stored}")
+        return out
+    from sat_core.evaluate import evaluate_images
+
     gallery = load_gallery(world_dir)
-    items = [
-        EvalImage(r.id, r.path.name, str(r.path), [" ".join(s) for s in r.sentences], r.objects)
-        for r in (gallery.by_id[i] for i in gallery.ids)
-    ]
+    indices = [i for i, r in enumerate(gallery.data.images) if gallery.by_id.get(r.id) is r]  # the offered scenes
     cfg = DecodeConfig.from_dict(json.loads(cfg_json))
-    out = evaluation_records(_loaded.model, _loaded.vocab, items, _loaded.preprocess, cfg)
-    out["source"] = f"computed now over {len(items)} {gallery.note} (beam {cfg.beam_size})"
+    out = evaluate_images(_loaded, gallery.data, indices, cfg, meteor=False)
+    out["source"] = f"computed now over {out['n_images']} {gallery.note} (beam {cfg.beam_size})"
     return out

@@ -52,17 +52,15 @@ class Decoded:
 
 # ---- decoding -------------------------------------------------------------------------------------
 
-def decode_split(
+def decode_images(
     loaded: LoadedCheckpoint,
     data: KarpathyData,
-    split: str,
+    indices: Sequence[int],
     cfg: DecodeConfig,
     *,
-    limit: int | None = None,
     batch_size: int = 32,
 ) -> tuple[list[Decoded], list[str]]:
-    """Free-running decoding of the split's images in batches; returns (decoded, skipped messages)."""
-    indices = data.split(split)[:limit] if limit else data.split(split)
+    """Free-running decoding of ``data.images[i]`` for each index, in batches; returns (decoded, skipped)."""
     decoded, skipped = [], []
     for start in range(0, len(indices), batch_size):
         tensors, kept = [], []
@@ -81,10 +79,27 @@ def decode_split(
             decoded.append(Decoded(i, data.images[i], hyps[0], crop))
     if not decoded:
         raise DatasetError(
-            f"No image of split {split!r} could be read ({'; '.join(skipped[:2]) or 'none listed'}); "
-            f"check the images folder {data.images_dir}."
+            f"None of the {len(indices)} images to evaluate could be read "
+            f"({'; '.join(skipped[:2]) or 'none listed'}); check the images folder {data.images_dir}."
         )
     return decoded, skipped
+
+
+def _split_indices(data: KarpathyData, split: str, limit: int | None) -> list[int]:
+    return data.split(split)[:limit] if limit else data.split(split)
+
+
+def decode_split(
+    loaded: LoadedCheckpoint,
+    data: KarpathyData,
+    split: str,
+    cfg: DecodeConfig,
+    *,
+    limit: int | None = None,
+    batch_size: int = 32,
+) -> tuple[list[Decoded], list[str]]:
+    """``decode_images`` over the split (or its first ``limit`` images)."""
+    return decode_images(loaded, data, _split_indices(data, split, limit), cfg, batch_size=batch_size)
 
 
 # ---- per-word attention figures ---------------------------------------------------------------------
@@ -138,7 +153,14 @@ def _mean(values: Sequence[float]) -> float | None:
 # ---- records and summaries ------------------------------------------------------------------------
 
 def image_record(dec: Decoded, scores: dict[str, float]) -> tuple[dict[str, Any], Any]:
-    """The per-image record (JSON-ready) and its Grounding (None without scene objects)."""
+    """The per-image record (JSON-ready) and its Grounding (None without scene objects).
+
+    Keys: image_id, filename, caption, tokens, references, scores (CIDEr, BLEU-4), logprob, finished,
+    alpha_entropy, n_objects; from grounding (else empty / None): errors (labels), grounding
+    (``Grounding.to_dict``: scores, error counts, token -> objects), words (``word_attention`` rows)
+    and attention_correctness (mean share over the NAMING_KINDS words). ``eval_records.json`` and the
+    explorer's error analysis hold exactly these records.
+    """
     from sat_core.grounding import ground
 
     hyp = dec.hypothesis
@@ -149,6 +171,7 @@ def image_record(dec: Decoded, scores: dict[str, float]) -> tuple[dict[str, Any]
         "scores": {k: scores[k] for k in ("CIDEr", "BLEU-4")}, "logprob": hyp.logprob,
         "finished": hyp.finished, "errors": [], "grounding": None, "words": [],
         "attention_correctness": None, "alpha_entropy": _mean(entropy),
+        "n_objects": None if dec.record.objects is None else len(dec.record.objects),
     }
     if dec.record.objects is None:
         return record, None
@@ -177,10 +200,16 @@ def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, An
         share, base = _mean([w["share"] for w in naming]), _mean([w["baseline"] for w in naming])
         out.update(correctness=share, baseline=base, n_grounded_words=len(naming),
                    ratio=share / base if share is not None and base else None,
-                   by_kind={k: {"n": len(ws), "correctness": _mean([w["share"] for w in ws]),
-                                "baseline": _mean([w["baseline"] for w in ws])}
-                            for k in WORD_KINDS if (ws := [w for w in words if w["kind"] == k])})
+                   by_kind=correctness_by_kind(words))
     return out
+
+
+def correctness_by_kind(words: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per word kind present: words (rows of ``word_attention``), mean share of α on their object,
+    mean uniform baseline. Only NAMING_KINDS enter the headline attention correctness."""
+    return {k: {"n": len(ws), "correctness": _mean([w["share"] for w in ws]),
+                "baseline": _mean([w["baseline"] for w in ws])}
+            for k in WORD_KINDS if (ws := [w for w in words if w["kind"] == k])}
 
 
 def beta_by_kind(decoded: Sequence[Decoded]) -> dict[str, dict[str, float]]:
@@ -217,6 +246,22 @@ def score_decoded(decoded: Sequence[Decoded], *, gated: bool, meteor: bool = Tru
     }
 
 
+def evaluate_images(
+    loaded: LoadedCheckpoint,
+    data: KarpathyData,
+    indices: Sequence[int],
+    cfg: DecodeConfig,
+    *,
+    meteor: bool = True,
+    batch_size: int = 32,
+) -> dict[str, Any]:
+    """Decode ``data.images[i]`` for each index and compute every evaluation figure and record."""
+    decoded, skipped = decode_images(loaded, data, indices, cfg, batch_size=batch_size)
+    scored = score_decoded(decoded, gated=bool(loaded.model.decoder.gated), meteor=meteor)
+    return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len,
+            "n_images": len(decoded), "skipped": skipped, **scored}
+
+
 def evaluate(
     loaded: LoadedCheckpoint,
     data: KarpathyData,
@@ -228,10 +273,8 @@ def evaluate(
     batch_size: int = 32,
 ) -> dict[str, Any]:
     """Decode a split (or its first ``limit`` images) and compute every evaluation figure."""
-    decoded, skipped = decode_split(loaded, data, split, cfg, limit=limit, batch_size=batch_size)
-    scored = score_decoded(decoded, gated=bool(loaded.model.decoder.gated), meteor=meteor)
-    return {"checkpoint": str(loaded.path), "split": split, "beam": cfg.beam_size, "max_len": cfg.max_len,
-            "n_images": len(decoded), "skipped": skipped, **scored}
+    indices = _split_indices(data, split, limit)
+    return {"split": split, **evaluate_images(loaded, data, indices, cfg, meteor=meteor, batch_size=batch_size)}
 
 
 # ---- command line ---------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Numbers derived from model outputs for people to look at: domain checks, regions, attention
-summaries, replaying a decode session, and per-image evaluation records.
+summaries, replaying a decode session, and summaries (per word kind, per slice) of evaluation records.
 
-The explorer shows these; ``sat_core.evaluate`` can share ``evaluation_records``. Only numpy here
-(and the decode functions of ``sat_core.decoding``): no Streamlit, no plotting.
+The explorer shows these. The records themselves come from ``sat_core.evaluate`` (the one place they
+are computed). Only numpy here: no Streamlit, no plotting.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.errors import SatError
 from sat_core.images import CropInfo
 
@@ -185,138 +184,6 @@ def sync_session(session: Any, n_steps: int, forced: Mapping[int, str]) -> None:
         session.step(force=forced.get(len(session.steps)))
 
 
-# ---- evaluation records ---------------------------------------------------------------------------
-
-@dataclass
-class EvalImage:
-    """What evaluation needs of one dataset image."""
-
-    image_id: int
-    filename: str
-    path: str
-    references: list[str]
-    objects: list[dict[str, Any]] | None = None
-
-
-@dataclass
-class _Decoded:
-    item: EvalImage
-    words: list[str]
-    alphas: np.ndarray  # (T, L) incl. the <end> step
-    grid: tuple[int, int]
-    crop: CropInfo
-    logprob: float
-
-
-def _decode_all(model, vocab, items, preprocess_cfg, cfg, batch_size) -> tuple[list[_Decoded], list[str]]:
-    import torch
-
-    from sat_core.decoding import beam_search
-    from sat_core.errors import ImageError
-    from sat_core.images import load_image, preprocess
-
-    decoded, skipped = [], []
-    for start in range(0, len(items), batch_size):
-        tensors, kept, crops = [], [], []
-        for item in items[start : start + batch_size]:
-            try:
-                tensor, crop = preprocess(load_image(item.path), preprocess_cfg)
-            except ImageError as err:
-                skipped.append(f"{item.filename}: {err}")
-                continue
-            tensors.append(tensor)
-            kept.append(item)
-            crops.append(crop)
-        if not tensors:
-            continue
-        hyps = beam_search(model, torch.stack(tensors), vocab, cfg)  # (B, 3, S, S) -> B lists
-        for item, crop, beams in zip(kept, crops, hyps):
-            best = beams[0]
-            decoded.append(_Decoded(item, best.words, best.alphas, best.grid, crop, best.logprob))
-    return decoded, skipped
-
-
-def _word_correctness(dec: _Decoded, grounding) -> list[dict[str, Any]]:
-    """Per grounded word: the share of its α on the objects it names, and the uniform baseline."""
-    from sat_core.grounding import word_kind
-    from sat_core.world import rle_decode
-
-    objects = {o["id"]: o for o in dec.item.objects or []}
-    rows = []
-    for t, ids in sorted(grounding.token_objects.items()):
-        if not ids or t >= len(dec.words):
-            continue
-        mask = np.logical_or.reduce([rle_decode(objects[i]["mask"]) for i in ids])
-        alpha = dec.alphas[t].reshape(dec.grid)  # (gh, gw): the step that produced word t
-        share, baseline = correctness_on_crop(alpha, mask, dec.crop)
-        rows.append({"index": t, "word": dec.words[t], "kind": word_kind(dec.words[t]),
-                     "share": share, "baseline": baseline})
-    return rows
-
-
-def _record(dec: _Decoded, scores: dict[str, float]) -> tuple[dict[str, Any], Any]:
-    from sat_core.grounding import ground
-
-    record: dict[str, Any] = {
-        "image_id": dec.item.image_id, "filename": dec.item.filename, "caption": " ".join(dec.words),
-        "references": dec.item.references, "scores": scores, "logprob": dec.logprob,
-        "errors": [], "error_counts": {}, "attention_correctness": None, "words": [],
-        "n_objects": None,
-    }
-    if dec.item.objects is None:
-        return record, None
-    grounding = ground(dec.words, dec.item.objects)
-    words = _word_correctness(dec, grounding)
-    record.update(
-        errors=grounding.labels, error_counts=grounding.errors, words=words,
-        n_objects=len(dec.item.objects),
-        attention_correctness=float(np.mean([w["share"] for w in words])) if words else None,
-        grounded={k: v for k, v in grounding.to_dict().items()
-                  if k not in ("parsed", "matches", "token_objects", "errors", "labels")},
-    )
-    return record, grounding
-
-
-def evaluation_records(
-    model: Any,
-    vocab: Any,
-    items: Sequence[EvalImage],
-    preprocess_cfg: PreprocessConfig,
-    cfg: DecodeConfig | None = None,
-    *,
-    batch_size: int = 32,
-) -> dict[str, Any]:
-    """Decode every image, score it (BLEU/ROUGE-L/CIDEr, no METEOR), ground it against its scene.
-
-    Returns ``{"corpus", "grounded", "word_types", "records", "skipped"}``; each record has
-    image_id, filename, caption, references, scores, errors (labels), error_counts,
-    attention_correctness (mean share of α on the named objects over grounded words, or None),
-    words (per grounded word: index, word, kind, share, baseline), n_objects, logprob.
-    """
-    from sat_core.grounding import aggregate
-    from sat_core.metrics import caption_metrics
-
-    cfg = cfg or DecodeConfig()
-    decoded, skipped = _decode_all(model, vocab, list(items), preprocess_cfg, cfg, batch_size)
-    if not decoded:
-        raise SatError("No image could be evaluated: " + ("; ".join(skipped[:3]) or "the list is empty."))
-    refs = {d.item.image_id: d.item.references for d in decoded}
-    report = caption_metrics(refs, {d.item.image_id: " ".join(d.words) for d in decoded}, meteor=False)
-    records, groundings = [], []
-    for dec in decoded:
-        record, grounding = _record(dec, report.per_image[dec.item.image_id])
-        records.append(record)
-        if grounding is not None:
-            groundings.append(grounding)
-    return {
-        "corpus": report.corpus,
-        "grounded": aggregate(groundings) if groundings else {},
-        "word_types": word_type_correctness(records),
-        "records": records,
-        "skipped": skipped,
-    }
-
-
 # ---- summaries of records -------------------------------------------------------------------------
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -325,16 +192,14 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 
 def word_type_correctness(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per word kind (shape, colour, …): grounded words, mean α share on their objects, mean baseline."""
-    kinds: dict[str, list[dict[str, Any]]] = {}
-    for record in records:
-        for word in record.get("words") or []:
-            kinds.setdefault(word["kind"], []).append(word)
-    return [
-        {"kind": kind, "words": len(rows), "attention_on_object": _mean([r["share"] for r in rows]),
-         "uniform_baseline": _mean([r["baseline"] for r in rows])}
-        for kind, rows in sorted(kinds.items())
-    ]
+    """Table rows per word kind over ``sat_core.evaluate`` records: words matched to one object, mean α
+    share on it, mean uniform baseline, and whether the kind enters the headline attention correctness."""
+    from sat_core.evaluate import NAMING_KINDS, correctness_by_kind
+
+    by_kind = correctness_by_kind([w for r in records for w in r.get("words") or []])
+    return [{"kind": kind, "words": row["n"], "attention_on_object": row["correctness"],
+             "uniform_baseline": row["baseline"], "in_attention_correctness": kind in NAMING_KINDS}
+            for kind, row in by_kind.items()]
 
 
 @dataclass

@@ -126,8 +126,11 @@ def _encoder_minutes(cfg: TrainConfig) -> str:
     return f"{sum(e['seconds'] for e in json.loads(meta.read_text())['log']) / 60:.1f}"
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
+def _figure(value: float | int | None) -> str:
+    """A card figure: counts (words, regions, images) as integers, scores to three decimals."""
+    if value is None:
+        return "n/a"
+    return str(value) if isinstance(value, int) else f"{value:.3f}"
 
 
 def model_card(name: str, cfg: TrainConfig, metrics: dict[str, Any]) -> str:
@@ -159,9 +162,9 @@ def model_card(name: str, cfg: TrainConfig, metrics: dict[str, Any]) -> str:
         "| metric | value |",
         "| --- | --- |",
     ]
-    lines += [f"| {k} | {_pct(v)} |" for k, v in corpus.items()]
-    lines += [f"| grounded {k} | {_pct(v)} |" for k, v in grounded.items() if isinstance(v, (int, float))]
-    lines += [f"| attention {k} | {_pct(v)} |" for k, v in att.items() if isinstance(v, (int, float))]
+    lines += [f"| {k} | {_figure(v)} |" for k, v in corpus.items()]
+    lines += [f"| grounded {k} | {_figure(v)} |" for k, v in grounded.items() if isinstance(v, (int, float))]
+    lines += [f"| attention {k} | {_figure(v)} |" for k, v in att.items() if isinstance(v, (int, float))]
     lines += ["", "Produced by `sat_core.evaluate`; `eval_records.json` holds the per-image records."]
     return "\n".join(lines) + "\n"
 

@@ -15,8 +15,10 @@ from sat_core.checkpoint import load_checkpoint, save_checkpoint
 from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.data import build_vocab, load_karpathy
 from sat_core.decoding import Hypothesis
+from sat_core.errors import DatasetError
 from sat_core.evaluate import (
-    NAMING_KINDS, Decoded, decode_split, evaluate, image_record, main, mask_on_alpha_grid, score_decoded,
+    NAMING_KINDS, Decoded, decode_split, evaluate, evaluate_images, image_record, main, mask_on_alpha_grid,
+    score_decoded,
 )
 from sat_core.grounding import attention_correctness, ground
 from sat_core.images import load_image, preprocess
@@ -112,6 +114,33 @@ def test_grounded_figures_equal_ground_on_each_caption(result, world_data):
     for r in result["records"]:
         g = ground(r["tokens"], by_id[r["image_id"]].objects)
         assert r["errors"] == g.labels and r["grounding"]["precision"] == g.precision
+        assert r["grounding"]["errors"] == g.errors and r["n_objects"] == len(by_id[r["image_id"]].objects)
+
+
+def test_evaluate_images_equals_evaluate_on_the_same_images(checkpoint, world_data):
+    data = world_data[2]
+    loaded = load_checkpoint(checkpoint)
+    picked = evaluate_images(loaded, data, data.split("test")[:5], CFG, meteor=False)
+    split = evaluate(loaded, data, "test", CFG, limit=5, meteor=False)
+    assert split.pop("split") == "test" and picked == split
+    assert [r["image_id"] for r in picked["records"]] == [data.images[i].id for i in data.split("test")[:5]]
+
+
+def test_unreadable_images_are_skipped_and_none_readable_is_an_error(checkpoint, world_data, tmp_path):
+    from dataclasses import replace
+
+    data = world_data[2]
+    loaded = load_checkpoint(checkpoint)
+    first, second = data.split("test")[:2]
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a png")
+    copy = replace(data, images=list(data.images))
+    copy.images[first] = replace(data.images[first], path=broken)
+    out = evaluate_images(loaded, copy, [first, second], CFG, meteor=False)
+    assert out["n_images"] == 1 and len(out["skipped"]) == 1 and "broken.png" in out["skipped"][0]
+    assert [r["image_id"] for r in out["records"]] == [data.images[second].id]
+    with pytest.raises(DatasetError, match="None of the 1 images"):
+        evaluate_images(loaded, copy, [first], CFG, meteor=False)
 
 
 def test_attention_correctness_equals_direct_recomputation(checkpoint, world_data):
@@ -232,3 +261,18 @@ def test_cli_user_errors_exit_2(checkpoint, world_data, tmp_path, capsys, change
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "m.json").exists()
+
+
+def test_model_card_prints_counts_as_integers(result):
+    from sat_core.config import TrainConfig
+    from sat_core.ship import model_card
+
+    training = {"epochs": 1, "train_minutes": 0.1, "captions_per_s": 10.0, "best_epoch": 1, "best_val_bleu4": 0.1}
+    cfg = TrainConfig(encoder_weights="/nonexistent/encoder.safetensors")  # ship's cards name a pretrained encoder
+    card = model_card("soft", cfg, {**json.loads(json.dumps(result)), "training": training})  # as read back from disk
+    a = result["attention"]
+    assert "| attention regions | 196 |" in card and f"| attention n_words | {a['n_words']} |" in card
+    assert f"| attention n_grounded_words | {a['n_grounded_words']} |" in card
+    assert f"| grounded n | {N_TEST} |" in card
+    assert f"| attention correctness | {a['correctness']:.3f} |" in card
+    assert f"| CIDEr | {result['corpus']['CIDEr']:.3f} |" in card

@@ -55,11 +55,11 @@ def open_in_step(image_id: int) -> None:
 
 
 def draw_summaries(data: dict) -> None:
-    corpus, grounded = data.get("corpus", {}), data.get("grounded", {})
-    cols = st.columns(5)
-    for col, (label, value) in zip(cols, [("CIDEr", corpus.get("CIDEr")), ("BLEU-4", corpus.get("BLEU-4")),
-                                          ("ROUGE-L", corpus.get("ROUGE-L")), ("grounded precision", grounded.get("precision")),
-                                          ("grounded recall", grounded.get("recall"))]):
+    corpus, grounded, attention = data.get("corpus", {}), data.get("grounded", {}), data.get("attention", {})
+    figures = [("CIDEr", corpus.get("CIDEr")), ("BLEU-4", corpus.get("BLEU-4")), ("ROUGE-L", corpus.get("ROUGE-L")),
+               ("grounded precision", grounded.get("precision")), ("grounded recall", grounded.get("recall")),
+               ("attention correctness", attention.get("correctness"))]
+    for col, (label, value) in zip(st.columns(len(figures)), figures):
         col.metric(label, "—" if value is None else f"{value:.3f}")
 
 
@@ -93,7 +93,7 @@ def main() -> None:
     st.subheader("Metrics per slice")
     st.dataframe(pd.DataFrame(slice_metrics(records)), hide_index=True, width="stretch")
     st.subheader("Attention correctness per word type")
-    words = data.get("word_types") or word_type_correctness(records)
+    words = word_type_correctness(records)
     if words:
         st.dataframe(pd.DataFrame(words), hide_index=True, width="stretch")
     else:
@@ -101,8 +101,11 @@ def main() -> None:
     draw_help("What these numbers mean", (
         "CIDEr and BLEU-4 are per-image scores against the scene's five references (mean per slice; corpus "
         "BLEU pools counts, so the top row can differ). Error labels come from grounding the caption against "
-        "the scene's objects. *Attention correctness* is the share of α that falls on the objects a word names "
-        "(averaged over grounded words); compare it with the uniform baseline, the objects' share of the image."))
+        "the scene's objects. *Attention correctness* is the share of α, at the step that produced a word, that "
+        "falls on the one object the word was matched to; compare it with the uniform baseline, that object's "
+        "share of the image. An image's figure averages its shape, colour and size words (the kinds marked "
+        "*in_attention_correctness*); words matched to several objects (plurals) are left out. The same "
+        "records as `python -m sat_core.evaluate --records`."))
 
 
 main()

@@ -1,4 +1,4 @@
-"""sat_core.explain: domain check, regions and masks, session replay, evaluation records."""
+"""sat_core.explain: domain check, regions and masks, session replay, summaries of evaluation records."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 from PIL import Image
 
 from sat_core.config import DecodeConfig
-from sat_core.decoding import DecodeSession, beam_search
+from sat_core.decoding import DecodeSession
 from sat_core.errors import SatError
 from sat_core.explain import (
-    DomainReference, EvalImage, alpha_summary, box_mask, doubly_stochastic_penalty, evaluation_records,
-    grid_region, mask_on_grid, slice_metrics, sync_session, word_type_correctness,
+    DomainReference, alpha_summary, box_mask, doubly_stochastic_penalty, grid_region, mask_on_grid, slice_metrics,
+    sync_session, word_type_correctness,
 )
 from sat_core.images import CropInfo, load_image, preprocess
 
@@ -85,29 +85,35 @@ def test_sync_session_replays_forced_words_with_few_steps(explorer_env):
     assert [s.token for s in session.steps] == [s.token for s in greedy.steps]
 
 
-def test_evaluation_records_score_and_ground_every_image(explorer_env):
-    loaded = explorer_env.checkpoint("soft")
-    entries = [e for e in explorer_env.dataset["images"] if e["split"] == "test"][:4]
-    items = [EvalImage(e["imgid"], e["filename"], str(explorer_env.world / e["filepath"] / e["filename"]),
-                       [s["raw"] for s in e["sentences"]], e["objects"]) for e in entries]
-    items.append(EvalImage(999, "missing.png", str(explorer_env.world / "missing.png"), ["a red circle"], []))
-    cfg = DecodeConfig(beam_size=2, max_len=10)
-    out = evaluation_records(loaded.model, loaded.vocab, items, loaded.preprocess, cfg, batch_size=3)
-    assert len(out["records"]) == 4 and len(out["skipped"]) == 1 and "missing.png" in out["skipped"][0]
-    assert set(out["corpus"]) >= {"BLEU-4", "CIDEr", "ROUGE-L"} and "METEOR" not in out["corpus"]
-    tensor, _ = preprocess(load_image(items[0].path), loaded.preprocess)
-    best = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, cfg)[0][0]
-    first = out["records"][0]
-    assert first["caption"] == best.caption and first["image_id"] == entries[0]["imgid"]
-    assert first["n_objects"] == len(entries[0]["objects"])
-    for record in out["records"]:
-        for word in record["words"]:  # each grounded word: α share on its objects in [0, 1]
-            assert 0.0 <= word["share"] <= 1.0 and 0.0 < word["baseline"] < 1.0
-            assert record["caption"].split()[word["index"]] == word["word"]
-        shares = [w["share"] for w in record["words"]]
-        assert record["attention_correctness"] == (pytest.approx(np.mean(shares)) if shares else None)
-    kinds = {row["kind"]: row["words"] for row in word_type_correctness(out["records"])}
-    assert sum(kinds.values()) == sum(len(r["words"]) for r in out["records"])
+def test_word_type_rows_summarise_records_by_kind():
+    def word(kind, share, baseline):
+        return {"kind": kind, "share": share, "baseline": baseline}
+
+    records = [{"words": [word("shape", 0.6, 0.1), word("count", 0.2, 0.1), word("colour", 0.5, 0.2)]},
+               {"words": [word("shape", 0.2, 0.3)]}, {"words": []}]
+    rows = {r["kind"]: r for r in word_type_correctness(records)}
+    assert list(rows) == ["shape", "colour", "count"]  # evaluate.WORD_KINDS order
+    assert rows["shape"]["words"] == 2 and rows["shape"]["attention_on_object"] == pytest.approx(0.4)
+    assert rows["shape"]["uniform_baseline"] == pytest.approx(0.2)
+    assert rows["count"]["words"] == 1 and rows["count"]["attention_on_object"] == pytest.approx(0.2)
+    # "a" and "two" are summarised but do not enter an image's attention correctness
+    assert [r["in_attention_correctness"] for r in rows.values()] == [True, True, False]
+
+
+def test_word_type_rows_equal_evaluate_by_kind(explorer_env):
+    from sat_core.data import load_karpathy
+    from sat_core.evaluate import evaluate
+
+    data = load_karpathy(explorer_env.world / "dataset.json", explorer_env.world)
+    result = evaluate(explorer_env.checkpoint("soft"), data, "test", DecodeConfig(beam_size=2, max_len=10),
+                      limit=4, meteor=False)
+    rows = word_type_correctness(result["records"])
+    by_kind = result["attention"]["by_kind"]
+    assert [r["kind"] for r in rows] == list(by_kind)
+    for row in rows:
+        expected = by_kind[row["kind"]]
+        assert row["words"] == expected["n"] and row["attention_on_object"] == expected["correctness"]
+        assert row["uniform_baseline"] == expected["baseline"]
 
 
 def test_slice_metrics_group_records():

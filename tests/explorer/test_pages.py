@@ -112,6 +112,39 @@ def test_look_elsewhere_by_ground_truth_object(explorer_env):
     assert not at.error
 
 
+def _evaluated_gallery(env, at):
+    """sat_core.evaluate over the gallery's scenes with the sidebar's decoding settings."""
+    from sat_core.data import load_karpathy
+    from sat_core.evaluate import evaluate_images
+
+    data = load_karpathy(env.world / "dataset.json", env.world)
+    cfg = DecodeConfig(beam_size=at.sidebar.slider(key="beam").value, max_len=at.sidebar.slider(key="maxlen").value)
+    return evaluate_images(env.checkpoint("soft"), data, data.split("test"), cfg, meteor=False)
+
+
+def test_error_analysis_shows_evaluates_records(explorer_env):
+    from sat_core.explain import word_type_correctness
+
+    at = open_page("errors")
+    expected = _evaluated_gallery(explorer_env, at)
+    by_id = {r["image_id"]: r for r in expected["records"]}
+    table = at.dataframe[0].value
+    assert sorted(table["image_id"]) == sorted(by_id)
+    for row in table.to_dict("records"):
+        record = by_id[row["image_id"]]
+        assert row["caption"] == record["caption"] and row["CIDEr"] == record["scores"]["CIDEr"]
+        assert row["errors"] == (", ".join(record["errors"]) or "—") and row["objects"] == record["n_objects"]
+        correctness = row["attention correctness"]
+        assert (np.isnan(correctness) if record["attention_correctness"] is None
+                else correctness == record["attention_correctness"])
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["CIDEr"] == f"{expected['corpus']['CIDEr']:.3f}"
+    assert metrics["grounded precision"] == f"{expected['grounded']['precision']:.3f}"
+    kinds = at.dataframe[2].value if len(at.dataframe) > 2 else None
+    rows = word_type_correctness(expected["records"])
+    assert (kinds is None and not rows) or list(kinds["words"]) == [r["words"] for r in rows]
+
+
 def test_error_analysis_table_filters_and_opens_step_view(explorer_env):
     at = open_page("errors")
     table = at.dataframe[0].value
@@ -157,21 +190,31 @@ def test_display_settings_change_the_drawn_map_not_the_hover_values(explorer_env
 
 
 def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkeypatch):
+    """A shipped checkpoint's eval_records.json (as sat_core.ship writes it) with figures from metrics.json."""
     import json
     import shutil
 
+    from sat_core.data import load_karpathy
+    from sat_core.evaluate import evaluate
+
     folder = tmp_path / "evaluated"
     shutil.copytree(explorer_env.roots / "tiny-soft", folder)
-    ids = explorer_env.test_ids()[:2]
-    records = [{"image_id": i, "filename": f"{i:06d}.png", "caption": f"stored caption {i}", "references": ["x"],
-                "scores": {"CIDEr": 0.1 * k, "BLEU-4": 0.0}, "errors": ["wrong_count"] if k else [],
-                "attention_correctness": None, "n_objects": 1} for k, i in enumerate(ids)]
-    stored = {"corpus": {"CIDEr": 0.05, "BLEU-4": 0.0}, "grounded": {"precision": 0.5}, "records": records}
-    (folder / "eval_records.json").write_text(json.dumps(stored))
+    data = load_karpathy(explorer_env.world / "dataset.json", explorer_env.world)
+    result = evaluate(explorer_env.checkpoint("soft"), data, "test", DecodeConfig(beam_size=1, max_len=6), limit=2,
+                      meteor=False)
+    records = result.pop("records")
+    for k, record in enumerate(records):  # captions the app cannot have decoded itself
+        record.update(caption=f"stored caption {record['image_id']}", errors=["wrong_count"] if k else [])
+    (folder / "eval_records.json").write_text(json.dumps({"split": "test", "beam": 1, "records": records}))
+    result["grounded"]["precision"] = 0.5
+    (folder / "metrics.json").write_text(json.dumps(result))
     monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
     at = open_page("errors", {"ckpt": "evaluated"})
     table = at.dataframe[0].value
-    assert list(table["caption"]) == [f"stored caption {i}" for i in ids]
+    assert list(table["caption"]) == [r["caption"] for r in records]
     assert list(table["errors"]) == ["—", "wrong_count"]
-    assert {m.label: m.value for m in at.metric}["grounded precision"] == "0.500"
+    assert list(table["objects"]) == [r["n_objects"] for r in records]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["grounded precision"] == "0.500"
+    assert metrics["CIDEr"] == f"{result['corpus']['CIDEr']:.3f}"
     assert any("eval_records.json" in c.value for c in at.caption)
