@@ -120,8 +120,10 @@ def example_figure(loaded: ckpt.LoadedCheckpoint, data, index: int = 0, beam: in
 
 
 def _encoder_minutes(cfg: TrainConfig) -> str:
+    if not cfg.encoder_weights:
+        return "n/a"
     meta = Path(cfg.encoder_weights).with_suffix(".json")
-    if not cfg.encoder_weights or not meta.is_file():
+    if not meta.is_file():
         return "n/a"
     return f"{sum(e['seconds'] for e in json.loads(meta.read_text())['log']) / 60:.1f}"
 
