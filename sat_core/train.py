@@ -213,6 +213,9 @@ class Trainer:
         if cfg.cache_features == "auto" and n * grid * self.model_config.feature_dim * 2 > 4 * 2**30:
             return None  # over 4 GiB: encode per batch instead
         chunks = []
+        # A new module is in train mode: batch-norm would normalise each chunk by its own statistics
+        # (features unlike those at inference) and overwrite the pretrained running averages.
+        self.model.eval()
         with torch.no_grad():
             for start in range(0, n, 64):
                 images = normalise(self.store.images[start : start + 64].to(self.device), self.preprocess)
