@@ -141,7 +141,9 @@ def test_save_then_load_gives_identical_logits(tiny_data, tmp_path):
 @pytest.mark.parametrize("attention", ["soft", "hard"])
 def test_resume_between_epochs_matches_an_uninterrupted_run(world_data, tmp_path, attention):
     data, images = world_data
-    flags = ("--attention", attention, "--batch-size", "4", "--lr", "3e-3", "--patience", "0", "--seed", "7")
+    # dropout > 0: soft attention draws random numbers too, so a resume that loses the RNG shows
+    flags = ("--attention", attention, "--batch-size", "4", "--lr", "3e-3", "--patience", "0", "--seed", "7",
+             "--dropout", "0.2")
     assert train.main(train_args(data, images, tmp_path / "a", "--epochs", "2", *flags)) == 0
     assert train.main(train_args(data, images, tmp_path / "b", "--epochs", "1", *flags)) == 0
     assert _state(tmp_path / "b")[0]["epoch"] == 1
@@ -185,7 +187,7 @@ def test_resume_mid_epoch_after_sigterm_matches_an_uninterrupted_run(world_data,
     if "FROZEN" in extra:
         extra = tuple(str(_frozen_encoder(tmp_path / "encoder.safetensors")) if e == "FROZEN" else e for e in extra)
     flags = ("--attention", attention, "--batch-size", "4", "--lr", "3e-3", "--patience", "0", "--seed", "1",
-             "--epochs", "2", *extra)
+             "--epochs", "2", "--dropout", "0.2", *extra)
     assert train.main(train_args(data, images, tmp_path / "a", *flags)) == 0
 
     # Deliver "SIGTERM" during the 3rd optimizer step of run b: the handler's flag, as a real signal sets it.
@@ -222,6 +224,24 @@ def test_resume_applies_a_new_learning_rate_and_remembers_it(tiny_data, tmp_path
     # A later plain --resume keeps the lowered rate instead of going back to the first one.
     again = train.Trainer(*train.parse_config(["--resume", str(run), "--epochs", "3"]))
     assert [g["lr"] for g in again.optimizer.param_groups] == [1e-4]
+
+
+def test_cached_features_are_what_the_saved_model_computes(tiny_data, tmp_path):
+    """A frozen encoder's annotations are cached once; inference must see the same ones (batch-norm in eval)."""
+    data, images = tiny_data
+    enc = _frozen_encoder(tmp_path / "encoder.safetensors")
+    trainer = train.Trainer(*train.parse_config(train_args(data, images, tmp_path / "run", "--epochs", "1",
+                                                           "--encoder-weights", str(enc))))
+    assert trainer.features is not None, "a frozen encoder should be cached"
+    trainer.run()
+    loaded = ckpt.load_checkpoint(tmp_path / "run" / "last")
+    with torch.no_grad():
+        feats = loaded.model.encode(normalise(trainer.store.images, loaded.preprocess))  # (N, L, D)
+    assert feats.shape == trainer.features.shape
+    torch.testing.assert_close(trainer.features.float(), feats, atol=2e-3, rtol=2e-3)  # fp16 cache
+    frozen = ckpt.read_tensors(enc)[0]
+    saved = loaded.model.encoder.state_dict()
+    assert all(torch.equal(saved[k], v) for k, v in frozen.items()), "batch-norm statistics were overwritten"
 
 
 def test_save_every_writes_mid_epoch_state(world_data, tmp_path, monkeypatch):
