@@ -140,7 +140,7 @@ def model_card(name: str, cfg: TrainConfig, metrics: dict[str, Any]) -> str:
     lines = [
         f"# SAT Explorer — `{name}` ({cfg.attention} attention)",
         "",
-        "Show, Attend and Tell (Xu et al., 2015) trained from scratch on the embedded synthetic world "
+        "Show, Attend and Tell (Xu et al., 2015) trained on the embedded synthetic world "
         "(`python -m sat_core.world`): 112×112 scenes of 1–4 coloured shapes on textured backgrounds, "
         "five grammar-generated captions per image. **It has never seen a photograph**: captions of "
         "photos are not meaningful.",
