@@ -440,9 +440,33 @@ class Trainer:
 
 
 def _require_state(last: Path) -> None:
+    _recover_swap(last)
     if not (last / STATE_JSON).is_file() or not (last / ckpt.CONFIG_FILE).is_file():
         raise SatError(f"{last} holds no resumable state ({STATE_JSON} missing): the run stopped before its "
                        "first checkpoint. Start a new run instead of --resume.")
+
+
+def _recover_swap(last: Path) -> None:
+    """Put back the newest complete checkpoint when a kill landed inside a swap of ``last/``.
+
+    ``save_checkpoint`` moves the old folder to ``.last.*.old`` and then renames the finished
+    ``.last.*.tmp`` into place; a kill between the two leaves no ``last/`` but both folders on disk.
+    A staging folder is complete once its state tensors (written last) are there.
+    """
+    if last.exists():
+        return
+    needed = (ckpt.WEIGHTS_FILE, ckpt.CONFIG_FILE, STATE_JSON, STATE_TENSORS)
+
+    def position(folder: Path) -> tuple[int, int]:
+        state = json.loads((folder / STATE_JSON).read_text())
+        return state["step"], state["epoch"]  # the epoch-end save follows a mid-epoch one at the same step
+
+    found = [p for p in last.parent.glob(f".{last.name}.*") if all((p / n).is_file() for n in needed)]
+    if found:
+        try:
+            os.rename(max(found, key=position), last)
+        except OSError:
+            pass  # another DDP rank put it back first
 
 
 def _numpy_state() -> list[Any]:
