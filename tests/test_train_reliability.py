@@ -129,6 +129,35 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(world_data, 
     assert_same_run(tmp_path / "whole", run)
 
 
+# A training run that SIGKILLs itself inside a checkpoint swap of last/: after the old folder was moved
+# aside and before the new one was renamed into place, the one moment last/ does not exist.
+KILL_IN_SWAP = """
+import os, signal, sys
+from sat_core import checkpoint, train
+rename = os.rename
+def rename_then_die(src, dst):
+    rename(src, dst)
+    if os.path.basename(str(dst)).startswith(".last.") and str(dst).endswith(".old"):
+        os.kill(os.getpid(), signal.SIGKILL)
+checkpoint.os.rename = rename_then_die
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_kill_inside_a_checkpoint_swap_still_resumes_to_the_same_weights(tiny_data, tmp_path):
+    data, images = tiny_data
+    flags = ("--attention", "hard", "--epochs", "2", "--save-every", "1", "--lr", "3e-3", "--patience", "0")
+    run = tmp_path / "killed"
+    proc = subprocess.run([*python_module("sat_core.train")[:1], "-c", KILL_IN_SWAP,
+                           *train_args(data, images, run, *flags)],
+                          cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert not (run / "last").exists(), "the kill should have landed between the two renames"
+    assert train.main(["--resume", str(run)]) == 0
+    assert train.main(train_args(data, images, tmp_path / "whole", *flags)) == 0
+    assert_same_run(tmp_path / "whole", run)
+
+
 # ----------------------------------------------------------------------------- non-finite losses
 
 
