@@ -6,12 +6,14 @@ separate process; everything else runs in-process through ``sat_core.train.main`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,9 +52,17 @@ def tiny_data(tmp_path_factory) -> tuple[Path, Path]:
     return make_dataset(tmp_path_factory.mktemp("tiny"))
 
 
-def _start(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(python_module("sat_core.train", *args), cwd=REPO_ROOT, env=subprocess_env(),
+@contextlib.contextmanager
+def _training(args: list[str]) -> Iterator[subprocess.Popen]:
+    """``python -m sat_core.train ARGS`` as a child process, killed on the way out if still running."""
+    proc = subprocess.Popen(python_module("sat_core.train", *args), cwd=REPO_ROOT, env=subprocess_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def _wait_for_state(proc: subprocess.Popen, run: Path, ready, timeout: float = 90.0) -> dict:
@@ -66,7 +76,7 @@ def _wait_for_state(proc: subprocess.Popen, run: Path, ready, timeout: float = 9
         if state is not None and ready(state):
             return state
         if proc.poll() is not None:
-            out, err = proc.communicate()
+            _out, err = proc.communicate()
             pytest.fail(f"training ended (code {proc.returncode}) before the awaited checkpoint:\n{err[-2000:]}")
         time.sleep(0.01)
     proc.kill()
@@ -95,10 +105,10 @@ def assert_checkpoint_intact(last: Path) -> dict[str, torch.Tensor]:
 def test_signal_saves_a_resumable_checkpoint_and_exits_130(world_data, tmp_path, sig):
     data, images = world_data
     run = tmp_path / "run"
-    proc = _start(train_args(data, images, run, "--epochs", "1000", "--save-every", "1", *WORLD_FLAGS))
-    _wait_for_state(proc, run, lambda s: s["step"] >= 1)
-    proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
+    with _training(train_args(data, images, run, "--epochs", "1000", "--save-every", "1", *WORLD_FLAGS)) as proc:
+        _wait_for_state(proc, run, lambda s: s["step"] >= 1)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
     assert "--resume" in err and str(run) in err
     assert_checkpoint_intact(run / "last")
@@ -115,10 +125,10 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(world_data, 
     data, images = world_data
     flags = ("--attention", "hard", "--epochs", "2", "--save-every", "2", *WORLD_FLAGS)
     run = tmp_path / "killed"
-    proc = _start(train_args(data, images, run, *flags))
-    state = _wait_for_state(proc, run, lambda s: s["batch_in_epoch"] > 0 and s["step"] >= 4)
-    proc.kill()  # SIGKILL: no handler runs, whatever it was doing is cut off
-    proc.communicate(timeout=30)
+    with _training(train_args(data, images, run, *flags)) as proc:
+        state = _wait_for_state(proc, run, lambda s: s["batch_in_epoch"] > 0 and s["step"] >= 4)
+        proc.kill()  # SIGKILL: no handler runs, whatever it was doing is cut off
+        proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL
 
     assert_checkpoint_intact(run / "last")
