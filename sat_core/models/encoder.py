@@ -106,6 +106,7 @@ class Encoder(nn.Module):
         self.trainable = config.finetune_encoder or (config.encoder == "small" and not config.pretrained)
         if not self.trainable:
             self.body.requires_grad_(False)
+            super().train(False)  # a frozen encoder's batch-norm keeps its statistics from the start
 
     def train(self, mode: bool = True) -> "Encoder":
         # A frozen encoder keeps its batch-norm statistics: stay in eval mode.
