@@ -34,12 +34,13 @@ LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 VIEWPORT = {"width": 1400, "height": 1000}
 
 # True once the script run is over and ``needle`` (or an exception) is in the main area; stale
-# elements of the previous run are gone by then.
+# elements of the previous run are gone by then. textContent, not innerText: it needs no layout,
+# and this runs every 100 ms in every open page.
 IDLE_WITH_TEXT_JS = """([needle]) => {
   const app = document.querySelector('[data-testid="stApp"]');
   if (!app || app.getAttribute('data-test-script-state') !== 'notRunning') return false;
   const main = document.querySelector('[data-testid="stMain"]');
-  return !!main && (main.innerText.includes(needle) || !!main.querySelector('[data-testid="stException"]'));
+  return !!main && (main.textContent.includes(needle) || !!main.querySelector('[data-testid="stException"]'));
 }"""
 SCRIPT_STATE_JS = """() => {
   const app = document.querySelector('[data-testid="stApp"]');
