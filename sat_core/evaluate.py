@@ -20,13 +20,13 @@ import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from sat_core import cli
+from sat_core import alpha
 from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint
 from sat_core.io import write_json_atomic
 from sat_core.config import DecodeConfig
@@ -34,12 +34,12 @@ from sat_core.data import ImageRecord, KarpathyData, load_karpathy
 from sat_core.decoding import Hypothesis, beam_search, pick_device
 from sat_core.errors import DatasetError, ImageError, SatError
 from sat_core.images import CropInfo, load_image, preprocess
+from sat_core.regions import mask_on_alpha_grid
 
 # Words that name an object (attention correctness); count words ("a", "two") are left out:
 # "a" is an article as much as a count, and "two" names two objects.
 NAMING_KINDS = ("shape", "colour", "size")
 WORD_KINDS = ("shape", "colour", "size", "count", "relation", "function")
-_GRID_CELL = 8  # px per grid cell when a mask has to be resampled to tile the α grid
 
 
 @dataclass
@@ -106,30 +106,6 @@ def decode_split(
 
 # ---- per-word attention figures ---------------------------------------------------------------------
 
-def mask_on_alpha_grid(mask: np.ndarray, crop: CropInfo, grid: tuple[int, int]) -> np.ndarray:
-    """An object mask in original-image pixels, cut to the encoder's crop, tiling the α grid exactly."""
-    width, height = crop.original_size
-    if mask.shape != (height, width):
-        raise DatasetError(
-            f"An object mask is {mask.shape[1]}x{mask.shape[0]} px but its image is {width}x{height}; "
-            "the dataset's masks do not belong to its images. Regenerate the dataset."
-        )
-    cut = mask[crop.top : crop.bottom, crop.left : crop.right]  # (side, side)
-    gh, gw = grid
-    if cut.shape[0] % gh == 0 and cut.shape[1] % gw == 0:
-        return cut
-    rows = np.arange(gh * _GRID_CELL) * cut.shape[0] // (gh * _GRID_CELL)
-    cols = np.arange(gw * _GRID_CELL) * cut.shape[1] // (gw * _GRID_CELL)
-    return cut[rows][:, cols]  # (gh·cell, gw·cell), nearest neighbour
-
-
-def alpha_entropy(alphas: np.ndarray) -> np.ndarray:
-    """Entropy in nats of each α row (T, L) -> (T,)."""
-    p = np.asarray(alphas, dtype=np.float64)
-    p = p / p.sum(axis=1, keepdims=True)
-    return -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=1)
-
-
 def word_attention(dec: Decoded, token_objects: dict[int, list[int]]) -> list[dict[str, Any]]:
     """Per generated word matched to exactly one object: share of its α on that object's mask."""
     from sat_core.grounding import attention_correctness, word_kind
@@ -166,7 +142,7 @@ def image_record(dec: Decoded, scores: dict[str, float]) -> tuple[dict[str, Any]
     from sat_core.grounding import ground
 
     hyp = dec.hypothesis
-    entropy = alpha_entropy(hyp.alphas[: len(hyp.words)]) if hyp.words else np.zeros(0)
+    entropy = alpha.entropy(hyp.alphas[: len(hyp.words)]) if hyp.words else np.zeros(0)
     record: dict[str, Any] = {
         "image_id": dec.record.id, "filename": dec.record.path.name, "caption": hyp.caption,
         "tokens": list(hyp.words), "references": [" ".join(s) for s in dec.record.sentences],
@@ -190,7 +166,7 @@ def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, An
     """α entropy per generated word over all words; attention correctness over naming words."""
     alphas = [d.hypothesis.alphas[: len(d.hypothesis.words)] for d in decoded if d.hypothesis.words]
     L = decoded[0].hypothesis.alphas.shape[1]
-    entropy = alpha_entropy(np.concatenate(alphas)) if alphas else np.zeros(0)
+    entropy = alpha.entropy(np.concatenate(alphas)) if alphas else np.zeros(0)
     out: dict[str, Any] = {
         "n_words": int(entropy.size), "regions": L,
         "entropy_nats": _mean(entropy),

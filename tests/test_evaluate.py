@@ -17,7 +17,7 @@ from sat_core.data import build_vocab, load_karpathy
 from sat_core.decoding import Hypothesis
 from sat_core.errors import DatasetError
 from sat_core.evaluate import (
-    NAMING_KINDS, Decoded, decode_split, evaluate, evaluate_images, image_record, main, mask_on_alpha_grid,
+    NAMING_KINDS, Decoded, decode_split, evaluate, evaluate_images, image_record, main,
     score_decoded,
 )
 from sat_core.grounding import attention_correctness, ground
@@ -220,16 +220,6 @@ def test_uniform_alpha_scores_the_baseline(world_data):
     assert a["correctness"] == pytest.approx(a["baseline"]) and a["ratio"] == pytest.approx(1.0)
     assert a["entropy_nats"] == pytest.approx(math.log(196))
     assert a["entropy_normalised"] == pytest.approx(1.0)
-
-
-def test_mask_is_cut_to_the_crop_and_resampled_to_the_grid():
-    from sat_core.images import CropInfo
-
-    mask = np.zeros((100, 140), bool)
-    mask[:, 20:70] = True  # the left half of the centred 100×100 crop (columns 20..119)
-    crop = CropInfo(20, 0, 120, 100, 1.12, (140, 100), 112)
-    on_grid = mask_on_alpha_grid(mask, crop, (14, 14))
-    assert on_grid.shape == (112, 112) and on_grid[:, :56].all() and not on_grid[:, 56:].any()
 
 
 def test_cli_writes_metrics_and_records(checkpoint, world_data, tmp_path, capsys):
