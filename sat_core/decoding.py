@@ -191,9 +191,7 @@ def beam_search(
     before K finished, the best unfinished ones. Runs on the model's device.
     """
     cfg = cfg or DecodeConfig()
-    K = cfg.beam_size
-    if K < 1 or cfg.max_len < 1:
-        raise SatError(f"beam_size and max_len must be at least 1 (got {K} and {cfg.max_len}).")
+    K = cfg.beam_size  # DecodeConfig guarantees K ≥ 1 and max_len ≥ 1
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device

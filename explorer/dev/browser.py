@@ -233,3 +233,14 @@ def shoot(page: Any, path: Path, min_height: int = 900, max_height: int = 5000) 
     page.screenshot(path=str(path))
     page.set_viewport_size(VIEWPORT)
     return path
+
+
+def require_browser(chromium: str | None) -> None:
+    """Exit with what to install when the Playwright package or a Chromium is missing."""
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        raise SystemExit("The Python package 'playwright' is needed (pip install playwright; "
+                         "no `playwright install`: Debian's chromium is used).") from None
+    if (chromium or find_chromium()) is None:
+        raise SystemExit("No Chromium found: apt-get install -y chromium.")

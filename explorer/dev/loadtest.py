@@ -35,7 +35,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from explorer.dev.browser import IDLE_WITH_TEXT_JS, SCRIPT_STATE_JS, AppServer, find_chromium, launch_chromium
+from explorer.dev.browser import (
+    IDLE_WITH_TEXT_JS, SCRIPT_STATE_JS, AppServer, find_chromium, launch_chromium, require_browser,
+)
 from explorer.settings import DEFAULT_CHECKPOINTS, REPO_ROOT
 
 PHOTOS = ["astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
@@ -439,13 +441,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    try:
-        import playwright.async_api  # noqa: F401
-    except ImportError:
-        raise SystemExit("The Python package 'playwright' is needed (pip install playwright; "
-                         "no `playwright install`: Debian's chromium is used).") from None
-    if (args.chromium or find_chromium()) is None:
-        raise SystemExit("No Chromium found: apt-get install -y chromium.")
+    require_browser(args.chromium)
     from urllib.parse import urlencode
 
     query = urlencode({"source": "Upload", "ckpt": checkpoint_name(args.checkpoint)})

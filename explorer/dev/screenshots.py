@@ -17,7 +17,8 @@ from typing import Any
 
 from explorer.settings import REPO_ROOT
 from explorer.dev.browser import (
-    AppError, AppServer, CHROMIUM, VIEWPORT, check_local, choose_upload, click_button, find_chromium, go_to, launch_chromium, shoot, upload, wait_for_text, wait_idle,
+    AppError, AppServer, CHROMIUM, VIEWPORT, check_local, choose_upload, click_button, go_to, launch_chromium,
+    require_browser, shoot, upload, wait_for_text, wait_idle,
 )
 
 
@@ -83,13 +84,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        raise SystemExit("The Python package 'playwright' is needed: pip install playwright "
-                         "(no `playwright install`: Debian's chromium is used).") from None
-    if (args.chromium or find_chromium()) is None:
-        raise SystemExit("No Chromium found: apt-get install -y chromium.")
+    require_browser(args.chromium)
+    from playwright.sync_api import sync_playwright
+
     if args.image is not None and not args.image.is_file():
         raise SystemExit(f"No image file {args.image}.")
     server = None
