@@ -27,6 +27,7 @@ import torch
 
 from sat_core import cli
 from sat_core import alpha
+from sat_core.caption_errors import WordStats, check_against_references
 from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint
 from sat_core.io import write_json_atomic
 from sat_core.config import DecodeConfig
@@ -130,11 +131,13 @@ def _mean(values: Sequence[float]) -> float | None:
 
 # ---- records and summaries ------------------------------------------------------------------------
 
-def image_record(dec: Decoded, scores: dict[str, float]) -> tuple[dict[str, Any], Any]:
+def image_record(dec: Decoded, scores: dict[str, float], stats: WordStats) -> tuple[dict[str, Any], Any]:
     """The per-image record (JSON-ready) and its Grounding (None without scene objects).
 
     Keys: image_id, filename, caption, tokens, references, scores (CIDEr, BLEU-4), logprob, finished,
-    alpha_entropy, n_objects; from grounding (else empty / None): errors (labels), grounding
+    alpha_entropy, n_objects; errors (labels): REFERENCE_LABELS from the references for every dataset
+    (with first_error, hallucinated, missed, word_kinds), then on scenes with objects the grounding
+    labels; from grounding (else empty / None): grounding
     (``Grounding.to_dict``: scores, error counts, token -> objects), words (``word_attention`` rows)
     and attention_correctness (mean share over the NAMING_KINDS words). ``eval_records.json`` and the
     explorer's error analysis hold exactly these records.
@@ -143,11 +146,14 @@ def image_record(dec: Decoded, scores: dict[str, float]) -> tuple[dict[str, Any]
 
     hyp = dec.hypothesis
     entropy = alpha.entropy(hyp.alphas[: len(hyp.words)]) if hyp.words else np.zeros(0)
+    check = check_against_references(hyp.words, dec.record.sentences, stats, finished=hyp.finished)
     record: dict[str, Any] = {
         "image_id": dec.record.id, "filename": dec.record.path.name, "caption": hyp.caption,
         "tokens": list(hyp.words), "references": [" ".join(s) for s in dec.record.sentences],
         "scores": {k: scores[k] for k in ("CIDEr", "BLEU-4")}, "logprob": hyp.logprob,
-        "finished": hyp.finished, "errors": [], "grounding": None, "words": [],
+        "finished": hyp.finished, "errors": list(check.labels), "first_error": check.first_error,
+        "hallucinated": check.hallucinated, "missed": check.missed, "word_kinds": check.kinds,
+        "grounding": None, "words": [],
         "attention_correctness": None, "alpha_entropy": _mean(entropy),
         "n_objects": None if dec.record.objects is None else len(dec.record.objects),
     }
@@ -157,7 +163,7 @@ def image_record(dec: Decoded, scores: dict[str, float]) -> tuple[dict[str, Any]
     words = word_attention(dec, grounding.token_objects)
     g = grounding.to_dict()
     g["token_objects"] = {str(t): ids for t, ids in g["token_objects"].items()}  # JSON keys are strings
-    record.update(errors=grounding.labels, grounding=g, words=words, attention_correctness=_mean(
+    record.update(errors=record["errors"] + grounding.labels, grounding=g, words=words, attention_correctness=_mean(
         [w["share"] for w in words if w["kind"] in NAMING_KINDS]))
     return record, grounding
 
@@ -201,7 +207,8 @@ def beta_by_kind(decoded: Sequence[Decoded]) -> dict[str, dict[str, float]]:
     return {k: {"n": len(values[k]), "mean": float(np.mean(values[k]))} for k in WORD_KINDS if k in values}
 
 
-def score_decoded(decoded: Sequence[Decoded], *, gated: bool, meteor: bool = True) -> dict[str, Any]:
+def score_decoded(decoded: Sequence[Decoded], *, gated: bool, stats: WordStats,
+                  meteor: bool = True) -> dict[str, Any]:
     """Corpus metrics, grounded accuracy, attention figures, β by kind and records of decoded images."""
     from sat_core.grounding import aggregate
     from sat_core.metrics import caption_metrics
@@ -210,7 +217,7 @@ def score_decoded(decoded: Sequence[Decoded], *, gated: bool, meteor: bool = Tru
     report = caption_metrics(refs, {d.index: d.hypothesis.caption for d in decoded}, meteor=meteor)
     records, groundings = [], []
     for d in decoded:
-        record, grounding = image_record(d, report.per_image[d.index])
+        record, grounding = image_record(d, report.per_image[d.index], stats)
         records.append(record)
         if grounding is not None:
             groundings.append(grounding)
@@ -224,6 +231,14 @@ def score_decoded(decoded: Sequence[Decoded], *, gated: bool, meteor: bool = Tru
     }
 
 
+def word_stats(loaded: LoadedCheckpoint, data: KarpathyData) -> WordStats:
+    """The checkpoint's own word statistics (stored by the trainer), else those of ``data``'s references."""
+    stored = (loaded.config.get("training") or {}).get("word_stats")
+    if stored:
+        return WordStats.from_dict(stored)
+    return WordStats.from_references([r.sentences for r in data.images], source=str(data.json_path))
+
+
 def evaluate_images(
     loaded: LoadedCheckpoint,
     data: KarpathyData,
@@ -235,7 +250,8 @@ def evaluate_images(
 ) -> dict[str, Any]:
     """Decode ``data.images[i]`` for each index and compute every evaluation figure and record."""
     decoded, skipped = decode_images(loaded, data, indices, cfg, batch_size=batch_size)
-    scored = score_decoded(decoded, gated=bool(loaded.model.decoder.gated), meteor=meteor)
+    scored = score_decoded(decoded, gated=bool(loaded.model.decoder.gated), stats=word_stats(loaded, data),
+                           meteor=meteor)
     return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len,
             "n_images": len(decoded), "skipped": skipped, **scored}
 
