@@ -126,7 +126,7 @@ def test_evaluate_images_equals_evaluate_on_the_same_images(checkpoint, world_da
     loaded = load_checkpoint(checkpoint)
     picked = evaluate_images(loaded, data, data.split("test")[:5], CFG, meteor=False)
     split = evaluate(loaded, data, "test", CFG, limit=5, meteor=False)
-    assert split.pop("split") == "test" and picked == split
+    assert split.pop("split") == "test" and split.pop("dataset") == str(data.json_path) and picked == split
     assert [r["image_id"] for r in picked["records"]] == [data.images[i].id for i in data.split("test")[:5]]
 
 

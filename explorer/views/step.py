@@ -13,7 +13,7 @@ from sat_core.regions import mask_in_crop
 
 from explorer import maps, stepping
 from explorer.components.figures import draw_alpha, draw_topk
-from explorer.components.text import crop_note, draw_caption, draw_help
+from explorer.components.text import crop_note, draw_caption, draw_help, draw_references
 from explorer.guards import need_image, need_model, object_masks
 from explorer.maps import MapSettings
 from explorer.resources import PreparedImage
@@ -99,6 +99,7 @@ def main() -> None:
     if session.done:
         st.success(f"Caption complete after {len(words)} steps: log p = {session.logprob:.2f}")
     draw_step(ctx, image, session, loaded.model.hard)
+    draw_references(image.references)
     if ctx.maps.coverage:
         draw_coverage(image, session, ctx.maps)
     st.download_button("Download α values so far (JSON)",
