@@ -24,6 +24,7 @@ import torch
 
 from sat_core import checkpoint as ckpt
 from sat_core import cli
+from sat_core.card import training_statistics
 from sat_core.flatstate import flatten_state, unflatten_state
 from sat_core.io import read_tensors, write_json_atomic
 from sat_core.config import ModelConfig, PreprocessConfig, TrainConfig
@@ -145,6 +146,8 @@ class Trainer:
         self.loader = make_loader(self.train_set, cfg.data.batch_size, shuffle=True, seed=cfg.seed,
                                   num_replicas=self.world, rank=self.rank, by_image=cfg.data.batching == "image")
         self.val_images = EvalImages(self.data, cfg.data.val_split, store, batch_size=64)
+        # Kept in every checkpoint: the explorer's out-of-domain check and the error labels' word kinds.
+        self.training_stats = training_statistics(self.data) if self.main_process else {}
         if cfg.data.val_images:
             self.val_images.image_ids = self.val_images.image_ids[: cfg.data.val_images]
 
@@ -317,7 +320,7 @@ class Trainer:
 
     def _save_model(self, directory: Path, metrics: dict | None = None, **extra: Any) -> None:
         training = {"train_config": self.cfg.to_dict(), "epoch": self.epoch, "step": self.step,
-                    "dataset": str(self.cfg.data.dataset)}
+                    "dataset": str(self.cfg.data.dataset), **self.training_stats}
         ckpt.save_checkpoint(directory, self.model, model_config=self.model_config, vocab=self.vocab,
                              preprocess=self.preprocess, training=training, metrics=metrics, **extra)
 
