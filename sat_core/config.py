@@ -111,6 +111,7 @@ class DecodeConfig:
     suppress_unk: bool = True
     hard_mode: str = "expect"  # hard attention at test time: expect | sample
     seed: int = 0  # for hard_mode="sample"
+    precision: str = "auto"  # auto | fp32 | bf16 (sat_core.precision: auto = bf16 where the hardware has it)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
