@@ -284,7 +284,7 @@ def checkpoint_name(checkpoint: Path) -> str:
 
     # The sidebar's cached functions warn that no Streamlit runtime is running: true, and harmless here.
     logging.getLogger("streamlit.runtime.caching.cache_data_api").setLevel(logging.ERROR)
-    from sat_core.checkpoint import list_checkpoints
+    from sat_core.paths import list_checkpoints
 
     from explorer.settings import parse_settings
     from explorer.sidebar import checkpoint_names

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from sat_core.checkpoint import CARD_FILE, CONFIG_FILE, LoadedCheckpoint, list_checkpoints, load_checkpoint
+from sat_core.checkpoint import CARD_FILE, CONFIG_FILE, LoadedCheckpoint, load_checkpoint
+from sat_core.paths import list_checkpoints
 from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.data import ImageRecord, KarpathyData, load_karpathy
 from sat_core.decoding import Hypothesis, Intervention, beam_search, sample_hard, score_caption

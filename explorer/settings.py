@@ -4,7 +4,7 @@
     SAT_CHECKPOINT_DIRS=DIR1:DIR2 SAT_WORLD_DIR=DIR streamlit run explorer/app.py
 
 Only folders named here (and the repo's ``checkpoints/``) may be loaded from; a path typed into
-the app outside them is refused (sat_core.checkpoint.resolve_checkpoint_path).
+the app outside them is refused (sat_core.paths.resolve_checkpoint_path).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sat_core import cli
 from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint
 from sat_core.config import DecodeConfig
 from sat_core.decoding import Hypothesis, beam_search, pick_device
@@ -85,8 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sat_core.caption", description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (model.safetensors + config.json)")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (JPEG, PNG, …)")
-    p.add_argument("--beam", type=int, default=DecodeConfig.beam_size, help="beam size (1 = greedy)")
-    p.add_argument("--max-len", type=int, default=DecodeConfig.max_len)
+    cli.add_decode_flags(p)
     p.add_argument("--json", action="store_true", help="print JSON with tokens, scores, α grids and β")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     return p
@@ -95,9 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        cfg = DecodeConfig(beam_size=args.beam, max_len=args.max_len)
-        if cfg.beam_size < 1 or cfg.max_len < 1:
-            raise SatError(f"--beam and --max-len must be at least 1 (got {args.beam} and {args.max_len}).")
+        cfg = cli.decode_config(args)
         loaded = load_checkpoint(args.checkpoint, device=pick_device(args.device))
         results, failed = caption_files(loaded, args.images, cfg)
     except SatError as err:

@@ -26,7 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint, write_json_atomic
+from sat_core import cli
+from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint
+from sat_core.io import write_json_atomic
 from sat_core.config import DecodeConfig
 from sat_core.data import ImageRecord, KarpathyData, load_karpathy
 from sat_core.decoding import Hypothesis, beam_search, pick_device
@@ -311,8 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="Karpathy-format dataset JSON")
     p.add_argument("--images", required=True, help="folder holding the dataset's images")
     p.add_argument("--split", default="test")
-    p.add_argument("--beam", type=int, default=3, help="beam size (1 = greedy)")
-    p.add_argument("--max-len", type=int, default=DecodeConfig.max_len)
+    cli.add_decode_flags(p)
     p.add_argument("--limit", type=int, default=None, help="evaluate only the split's first N images")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.limit is not None and args.limit < 1:
             raise SatError(f"--limit must be at least 1, not {args.limit}.")
-        cfg = DecodeConfig(beam_size=args.beam, max_len=args.max_len)
+        cfg = cli.decode_config(args)
         loaded = load_checkpoint(args.checkpoint, device=pick_device(args.device))
         data = load_karpathy(args.data, args.images)
         with warnings.catch_warnings(record=True) as caught:

@@ -13,6 +13,7 @@ first test image with its caption and an α map per word).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -25,17 +26,18 @@ from sat_core import checkpoint as ckpt
 from sat_core.config import DecodeConfig, TrainConfig
 from sat_core.data import load_karpathy
 from sat_core.errors import SatError
+from sat_core.precision import resolve
 
 PRESETS = Path(__file__).parent / "presets"
 WORLD = {"train": 8000, "val": 400, "test": 500, "seed": 0}
 
 
 def ensure_world(cfg: TrainConfig) -> None:
-    if Path(cfg.data).is_file():
+    if Path(cfg.data.dataset).is_file():
         return
     from sat_core.world import generate
 
-    generate(Path(cfg.images), WORLD["train"], WORLD["val"], WORLD["test"], seed=WORLD["seed"])
+    generate(Path(cfg.data.images), WORLD["train"], WORLD["val"], WORLD["test"], seed=WORLD["seed"])
 
 
 def ensure_encoder(cfg: TrainConfig) -> None:
@@ -44,8 +46,8 @@ def ensure_encoder(cfg: TrainConfig) -> None:
         return
     from sat_core.pretrain import pretrain
 
-    pretrain(cfg.data, cfg.images, Path(cfg.encoder_weights).parent, epochs=4, lr=2e-3, batch_size=64,
-             channels=cfg.small_channels, seed=cfg.seed)
+    pretrain(cfg.data.dataset, cfg.data.images, Path(cfg.encoder_weights).parent, epochs=4, lr=2e-3, batch_size=64,
+             channels=cfg.model.small_channels, seed=cfg.seed)
 
 
 def train(preset: Path) -> float:
@@ -73,6 +75,7 @@ def training_summary(run_dir: Path) -> dict[str, Any]:
         "best_epoch": best["epoch"],
         "best_val_bleu4": round(best["val"]["BLEU-4"], 4),
         "final_train_nll": round(epochs[-1]["nll"], 4),
+        "precision": epochs[-1].get("precision", "fp32"),  # logs before --precision: fp32 on CPU
     }
 
 
@@ -82,8 +85,9 @@ def package(name: str, cfg: TrainConfig, beam: int, out_root: Path) -> dict[str,
 
     run_dir = Path(cfg.out)
     loaded = ckpt.load_checkpoint(run_dir / "best")
-    data = load_karpathy(cfg.data, cfg.images)
-    result = evaluate(loaded, data, "test", DecodeConfig(beam_size=beam, max_len=cfg.val_max_len))
+    data = load_karpathy(cfg.data.dataset, cfg.data.images)
+    result = evaluate(loaded, data, "test", dataclasses.replace(cfg.val, beam_size=beam))
+    result["precision"] = resolve(next(loaded.model.parameters()).device, cfg.val.precision)
     summary = training_summary(run_dir)
     records = result.pop("records")
     metrics = {**result, "training": summary}
@@ -138,7 +142,7 @@ def _figure(value: float | int | None) -> str:
 def model_card(name: str, cfg: TrainConfig, metrics: dict[str, Any]) -> str:
     corpus, grounded, att, tr = metrics["corpus"], metrics.get("grounded", {}), metrics.get("attention", {}), metrics["training"]
     lines = [
-        f"# SAT Explorer — `{name}` ({cfg.attention} attention)",
+        f"# SAT Explorer — `{name}` ({cfg.model.attention} attention)",
         "",
         "Show, Attend and Tell (Xu et al., 2015) trained on the embedded synthetic world "
         "(`python -m sat_core.world`): 112×112 scenes of 1–4 coloured shapes on textured backgrounds, "
@@ -148,17 +152,19 @@ def model_card(name: str, cfg: TrainConfig, metrics: dict[str, Any]) -> str:
         "## Data and command",
         f"- World: {WORLD['train']} train / {WORLD['val']} val / {WORLD['test']} test images, seed {WORLD['seed']}.",
         f"- Command: `python -m sat_core.ship {name}` (preset `sat_core/presets/world_{name}.json`).",
-        f"- Encoder: small CNN {list(cfg.small_channels)} with coordinate channels → 14×14×{cfg.small_channels[-1]} "
+        f"- Encoder: small CNN {list(cfg.model.small_channels)} with coordinate channels → 14×14×{cfg.model.small_channels[-1]} "
         "annotations, pretrained on the world's train-split object masks (`sat_core.pretrain`: per-cell "
         f"shape/colour/size classifiers, {_encoder_minutes(cfg)} min) and then frozen, as the paper froze its "
-        f"ImageNet-pretrained VGG. Decoder: LSTM {cfg.hidden_dim}, embedding {cfg.embed_dim}, attention MLP "
-        f"{cfg.attn_dim}, dropout {cfg.dropout}"
-        + (f", doubly stochastic λ = {cfg.dsa_lambda}." if cfg.attention == "soft" else
-           f", REINFORCE with baseline, entropy λ_e = {cfg.hard.entropy_weight}, soft/hard mixing "
-           f"{cfg.hard.mix_soft_prob}."),
+        f"ImageNet-pretrained VGG. Decoder: LSTM {cfg.model.hidden_dim}, embedding {cfg.model.embed_dim}, attention MLP "
+        f"{cfg.model.attn_dim}, dropout {cfg.model.dropout}"
+        + (f", doubly stochastic λ = {cfg.optim.dsa_lambda}." if cfg.model.attention == "soft" else
+           f", REINFORCE with baseline, entropy λ_e = {cfg.model.hard.entropy_weight}, soft/hard mixing "
+           f"{cfg.model.hard.mix_soft_prob}."),
         f"- Training: {tr['epochs']} epochs, {tr['train_minutes']} min on this project's 2-core CPU "
         f"(one thread), {tr['captions_per_s']} captions/s; best validation BLEU-4 {tr['best_val_bleu4']} "
         f"at epoch {tr['best_epoch']}. Weights stored in fp16.",
+        f"- Precision (`--precision`): training {tr.get('precision', 'fp32')}, test-split decoding "
+        f"{metrics.get('precision', 'fp32')}.",
         "",
         f"## Test split ({metrics['n_images']} images, beam {metrics['beam']})",
         "| metric | value |",
@@ -176,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=["soft", "hard"])
     p.add_argument("--skip-train", action="store_true", help="package the existing run directory")
-    p.add_argument("--beam", type=int, default=3)
+    p.add_argument("--beam", type=int, default=DecodeConfig().beam_size, help="beam size of the test-split evaluation")
     p.add_argument("--out", type=Path, default=Path("checkpoints"))
     args = p.parse_args(argv)
     preset = PRESETS / f"world_{args.name}.json"

@@ -88,7 +88,7 @@ def assert_checkpoint_intact(last: Path) -> dict[str, torch.Tensor]:
     names = sorted(p.name for p in last.iterdir())
     assert names == sorted([ckpt.CONFIG_FILE, ckpt.WEIGHTS_FILE, train.STATE_JSON, train.STATE_TENSORS]), names
     weights, config = ckpt.read_checkpoint(last)
-    state_tensors, _ = ckpt.read_tensors(last / train.STATE_TENSORS)
+    state_tensors, _ = read_tensors(last / train.STATE_TENSORS)
     state = json.loads((last / train.STATE_JSON).read_text())
     assert config["format"] == ckpt.FORMAT and "skeleton" in state
     for name, tensor in {**weights, **state_tensors}.items():
