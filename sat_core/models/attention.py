@@ -44,8 +44,11 @@ class AttentionMLP(nn.Module):
         k = h.shape[0] // B
         wh = 2 * self.W_h(h).float().view(B, k, 1, A)  # (B, k, 1, A)
         w = 2 * self.w.weight.float().view(A)  # (A,)
+        # torch.mv is outside autocast's bf16 list: the scores stay fp32 (matmul/@ would round them).
         if torch.is_grad_enabled():
-            e = torch.sigmoid(proj.unsqueeze(1) + wh) @ w  # (B, k, L)
+            e = torch.mv(torch.sigmoid(proj.unsqueeze(1) + wh).view(-1, A), w).view(B, k, L)  # (B, k, L)
+            # w's bias cancels in the softmax (zero gradient), but DDP wants every parameter used.
+            e = e + self.w.bias.float()
         else:
             e = proj.new_empty(B, k, L)
             step = self.chunk_images
@@ -54,7 +57,7 @@ class AttentionMLP(nn.Module):
                 x = buf[: min(B - s, step)]
                 torch.add(proj[s : s + step].unsqueeze(1), wh[s : s + step], out=x)  # (c, k, L, A)
                 x.sigmoid_()
-                torch.matmul(x, w, out=e[s : s + step])  # (c, k, L)
+                torch.mv(x.view(-1, A), w, out=e[s : s + step].view(-1))  # (c·k·L,)
         return torch.softmax(e.view(B * k, L), dim=1)  # (N, L)
 
 
