@@ -89,7 +89,7 @@ def _suppressed(vocab: Vocab, cfg: DecodeConfig) -> list[int]:
 
 def _log_probs(logits: torch.Tensor, banned: list[int]) -> torch.Tensor:
     """log_softmax with banned ids set to −inf (not renormalised, so scoring gives the same numbers)."""
-    logp = F.log_softmax(logits.float(), dim=-1)  # (N, V)
+    logp = F.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V), fp32 even from bf16 logits
     logp[:, banned] = -float("inf")
     return logp
 
@@ -224,7 +224,7 @@ def _search(model, inputs, vocab, cfg, intervention, generator):
         trace.alphas.append(out.alpha)
         trace.betas.append(out.beta)
         trace.locations.append(out.location)
-        cand = (scores.view(n, 1) + _log_probs(out.logits, banned)).view(len(active), k * V)  # (B', k·V)
+        cand = _log_probs(out.logits, banned).add_(scores.view(n, 1)).view(len(active), k * V)  # (B', k·V)
         top_scores, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (B', 2K)
         rows, words, new_scores = _select(
             top_scores.cpu().numpy(), top_idx.cpu().numpy(), K, k, V, vocab.end_id, t, ends, done, active
