@@ -23,7 +23,7 @@ from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.data import ImageRecord, KarpathyData, load_karpathy
 from sat_core.decoding import Hypothesis, Intervention, beam_search, sample_hard, score_caption
 from sat_core.errors import DatasetError
-from sat_core.explain import DomainCheck, DomainReference
+from sat_core.domain import DomainCheck, DomainReference
 from sat_core.images import CropInfo, crop_for_display, load_image, preprocess
 
 GALLERY_SIZE = 24  # test scenes generated when no dataset folder exists (plus training-like ones for the domain check)
@@ -139,9 +139,8 @@ def upload_key(data: bytes) -> str:
 
 
 @st.cache_resource(max_entries=64, ttl=3600, show_spinner=False)
-def prepare_image(key: str, preprocess_json: str, name: str, _source: Any, _record: ImageRecord | None = None) -> PreparedImage:
+def prepare_image(key: str, cfg: PreprocessConfig, name: str, _source: Any, _record: ImageRecord | None = None) -> PreparedImage:
     """load_image + preprocess (ImageError, not cached, for a file that cannot be used)."""
-    cfg = PreprocessConfig.from_dict(json.loads(preprocess_json))
     image = load_image(_source, name=name)
     tensor, info = preprocess(image, cfg)
     crop = np.asarray(crop_for_display(image, cfg))
@@ -160,10 +159,9 @@ def domain_check(key: str, world_dir: str, _original: np.ndarray) -> DomainCheck
 # ---- decoding results -----------------------------------------------------------------------------
 
 @st.cache_data(max_entries=256, ttl=3600, show_spinner="Decoding…")
-def decode(ckpt: str, image_key: str, cfg_json: str, region_key: str, _loaded: LoadedCheckpoint,
+def decode(ckpt: str, image_key: str, cfg: DecodeConfig, region_key: str, _loaded: LoadedCheckpoint,
            _tensor: Any, _intervention: Intervention | None = None) -> list[Hypothesis]:
     """The beam's hypotheses for one image (best first); ``region_key`` names the intervention."""
-    cfg = DecodeConfig.from_dict(json.loads(cfg_json))
     return beam_search(_loaded.model, _tensor.unsqueeze(0), _loaded.vocab, cfg, intervention=_intervention)[0]
 
 
@@ -180,7 +178,7 @@ def samples(ckpt: str, image_key: str, n: int, seed: int, max_len: int, _loaded:
 
 
 @st.cache_resource(max_entries=4, ttl=6 * 3600, show_spinner="Evaluating the gallery (once per checkpoint)…")
-def eval_records(ckpt: str, world_dir: str, cfg_json: str, _loaded: LoadedCheckpoint) -> dict[str, Any]:
+def eval_records(ckpt: str, world_dir: str, cfg: DecodeConfig, _loaded: LoadedCheckpoint) -> dict[str, Any]:
     """``eval_records.json`` of the checkpoint when it has one (corpus, grounded and attention figures
     from its metrics), else ``sat_core.evaluate`` over the gallery now: records of one format either way."""
     stored = _loaded.path / EVAL_RECORDS_FILE
@@ -194,7 +192,6 @@ def eval_records(ckpt: str, world_dir: str, cfg_json: str, _loaded: LoadedCheckp
 
     gallery = load_gallery(world_dir)
     indices = [i for i, r in enumerate(gallery.data.images) if gallery.by_id.get(r.id) is r]  # the offered scenes
-    cfg = DecodeConfig.from_dict(json.loads(cfg_json))
     out = evaluate_images(_loaded, gallery.data, indices, cfg, meteor=False)
     out["source"] = f"computed now over {out['n_images']} {gallery.note} (beam {cfg.beam_size})"
     return out

@@ -28,8 +28,10 @@ URL_WIDGETS: dict[str, Callable[[str], Any]] = {
     "hard_mode": str, "seed": int, "method": str, "sigma": float, "norm": str, "opacity": float,
     "cmap": str, "coverage": lambda v: _BOOL[v.lower()], "masks": lambda v: _BOOL[v.lower()],
 }
+_DECODE = DecodeConfig()
+DECODE_WIDGETS = {"beam": "beam_size", "maxlen": "max_len", "hard_mode": "hard_mode", "seed": "seed"}
 DEFAULTS: dict[str, Any] = {
-    "source": "Gallery scene", "beam": 3, "maxlen": 20, "hard_mode": "expect", "seed": 0,
+    "source": "Gallery scene", **{key: getattr(_DECODE, name) for key, name in DECODE_WIDGETS.items()},
     "method": "nearest", "sigma": 0.0, "norm": "word", "opacity": 0.6, "cmap": "viridis",
     "coverage": False, "masks": False,
 }

@@ -1,18 +1,17 @@
 """The step-through decode of this browser session, shared by the step and teaching pages.
 
 One ``DecodeSession`` per (checkpoint, image, settings) lives in session state; the step count and
-the forced words (also in the URL) say where it should be, and ``sync_session`` gets it there with
+the forced words (also in the URL) say where it should be, and ``DecodeSession.sync`` gets it there with
 as few decoder steps as possible (one per click on Next).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import streamlit as st
 
-from sat_core.config import DecodeConfig
 from sat_core.decoding import DecodeSession
 from sat_core.errors import SatError
-from sat_core.explain import sync_session
 
 from explorer.state import FORCED, STEP, Context
 
@@ -31,8 +30,7 @@ def current_session(ctx: Context) -> tuple[DecodeSession, str | None]:
     if store.get("key") != key:
         if store.get("key") is not None and not st.session_state.pop("_step_keep", False):
             reset()  # another image or model: start again at the first word
-        cfg = DecodeConfig(beam_size=1, max_len=ctx.decode.max_len, hard_mode=ctx.decode.hard_mode,
-                           seed=ctx.decode.seed)
+        cfg = dataclasses.replace(ctx.decode, beam_size=1)
         store.update(key=key, session=DecodeSession(ctx.loaded.model, ctx.loaded.vocab, ctx.image.tensor, cfg,
                                                     top_k=TOP_K))
     session: DecodeSession = store["session"]
@@ -40,11 +38,11 @@ def current_session(ctx: Context) -> tuple[DecodeSession, str | None]:
     n = max(1, int(st.session_state.get(STEP) or 1))
     forced = dict(st.session_state.get(FORCED) or {})
     try:
-        sync_session(session, n, forced)
+        session.sync(n, forced)
     except SatError as err:
         error = f"{err} The forced words were dropped."
         st.session_state[FORCED] = {}
-        sync_session(session, n, {})
+        session.sync(n, {})
     st.session_state[STEP] = len(session.steps)
     return session, error
 

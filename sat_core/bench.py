@@ -345,7 +345,7 @@ def shipped_model(images: int) -> DecodeModel:
     scenes = [Image.fromarray(world.render(world.generate_scene(rng))) for _ in range(images)]
     batch = torch.stack([preprocess(img, loaded.preprocess)[0] for img in scenes])  # (B, 3, S, S)
     with torch.no_grad():
-        feats = loaded.model.encode(batch)  # (B, L, D)
+        feats = loaded.model.encode(batch).feats  # (B, L, D)
     dims = dims_of(loaded.model_config, feats.shape[1], "shipped checkpoints/soft")
     return DecodeModel(dims.name, loaded.model, loaded.vocab, feats, dims)
 

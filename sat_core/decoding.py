@@ -6,7 +6,8 @@ from ``beam_search`` or from ``DecodeSession``/``score_caption``, which share th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +18,7 @@ from sat_core.config import DecodeConfig
 from sat_core.errors import SatError
 from sat_core.models.captioner import Captioner
 from sat_core.models.decoder import AlphaEdit
+from sat_core.models.encoder import Annotations
 from sat_core.precision import autocast
 from sat_core.vocab import Vocab
 
@@ -94,20 +96,24 @@ def _log_probs(logits: torch.Tensor, banned: list[int]) -> torch.Tensor:
     return logp
 
 
-def _encode(model: Captioner, inputs: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-    """Images (B, 3, H, W) or precomputed annotations (B, L, D) -> annotations and grid."""
+Inputs = torch.Tensor | Annotations  # images (B, 3, H, W), or annotations with their grid
+
+
+def _encode(model: Captioner, inputs: Inputs, device: torch.device) -> Annotations:
+    """Images -> annotations with this call's grid; given annotations pass through.
+
+    A bare (B, L, D) tensor is taken to lie on a square grid (benchmarks' random annotations).
+    """
+    if isinstance(inputs, Annotations):
+        return Annotations(inputs.feats.to(device), inputs.grid)
+    inputs = inputs.to(device)
     if inputs.dim() == 4:
-        # The grid comes from this call's encoder output, not from shared model state: threads
-        # serving different users share one model.
-        return model.encode_with_grid(inputs)
-    if model.grid is None or model.grid[0] * model.grid[1] != inputs.shape[1]:
-        return inputs, _square_grid(inputs.shape[1])
-    return inputs, model.grid
-
-
-def _square_grid(L: int) -> tuple[int, int]:
-    side = int(round(L**0.5))
-    return side, L // side
+        return model.encode(inputs)
+    side = int(round(inputs.shape[1] ** 0.5))
+    if side * side != inputs.shape[1]:
+        raise SatError(f"Annotations of {inputs.shape[1]} regions do not lie on a square grid; "
+                       "pass Annotations(feats, grid).")
+    return Annotations(inputs, (side, side))
 
 
 def _sample_mask(model: Captioner, cfg: DecodeConfig, n: int, device) -> torch.Tensor | None:
@@ -165,7 +171,7 @@ def _hypothesis(end, trace, arrays, vocab, grid, length_norm) -> Hypothesis:
 @torch.no_grad()
 def beam_search(
     model: Captioner,
-    inputs: torch.Tensor,
+    inputs: Inputs,
     vocab: Vocab,
     cfg: DecodeConfig | None = None,
     *,
@@ -174,22 +180,20 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Decode B images at once with K beams each (B·K rows in one tensor); greedy is K = 1.
 
-    ``inputs``: images (B, 3, H, W) or annotations (B, L, D). Returns per image its ``beam_size``
+    ``inputs``: images (B, 3, H, W) or ``Annotations`` (B, L, D). Returns per image its ``beam_size``
     hypotheses, best first: finished ones by length-normalised score, then, if the length cap was hit
     before K finished, the best unfinished ones. Runs on the model's device in ``cfg.precision``
     (autocast is entered once for the whole decode). An image leaves the batch as soon as it is done,
     so the others run on fewer rows; the first step runs one row per image.
     """
     cfg = cfg or DecodeConfig()
-    K = cfg.beam_size
-    if K < 1 or cfg.max_len < 1:
-        raise SatError(f"beam_size and max_len must be at least 1 (got {K} and {cfg.max_len}).")
+    K = cfg.beam_size  # DecodeConfig guarantees K ≥ 1 and max_len ≥ 1
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     try:
         with autocast(device, cfg.precision):
-            ends, trace, grid = _search(model, inputs.to(device), vocab, cfg, intervention, generator)
+            ends, trace, grid = _search(model, inputs, device, vocab, cfg, intervention, generator)
     finally:
         if was_training:
             model.train()
@@ -202,10 +206,10 @@ def beam_search(
     return results
 
 
-def _search(model, inputs, vocab, cfg, intervention, generator):
+def _search(model, inputs, device, vocab, cfg, intervention, generator):
     """The beam loop. Rows are numbered afresh at every step; ``trace`` links them back."""
-    K, device = cfg.beam_size, inputs.device
-    feats, grid = _encode(model, inputs)  # (B, L, D)
+    K = cfg.beam_size
+    feats, grid = _encode(model, inputs, device)  # (B, L, D)
     prep, h, c = model.decoder.prepare(feats)  # (B, L, A), (B, n): one row per image at t = 0
     B, V = feats.shape[0], len(vocab)
     active = np.arange(B)  # the images still decoding, in row order
@@ -338,7 +342,7 @@ class DecodeSession:
         self.top_k, self.intervention = top_k, intervention
         self.device = next(model.parameters()).device
         with torch.no_grad(), autocast(self.device, self.cfg.precision):
-            feats, self.grid = _encode(model, _as_batch(image).to(self.device))
+            feats, self.grid = _encode(model, _as_batch(image), self.device)
             self._prep, h, c = model.decoder.prepare(feats)
         start = torch.tensor([vocab.start_id], device=self.device)
         self._states: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = [(h, c, start)]
@@ -394,6 +398,32 @@ class DecodeSession:
         self._states.append((out.h, out.c, torch.tensor([token], device=self.device)))
         self.steps.append(view)
         return view
+
+    @property
+    def alphas(self) -> np.ndarray:
+        """α of every step taken so far, flattened over the grid: (T, L)."""
+        L = self.grid[0] * self.grid[1]
+        return np.stack([s.alpha.reshape(-1) for s in self.steps]) if self.steps else np.zeros((0, L))
+
+    @property
+    def betas(self) -> np.ndarray:
+        return np.array([s.beta for s in self.steps])  # (T,)
+
+    def sync(self, n_steps: int, forced: Mapping[int, str]) -> None:
+        """Bring the session to ``n_steps`` steps where step t is ``forced[t]`` if given, else greedy.
+
+        Keeps the longest prefix that already agrees, so one more step costs one decoder step.
+        """
+        keep = 0
+        while keep < min(n_steps, len(self.steps)):
+            step, want = self.steps[keep], forced.get(keep)
+            if (want is None and step.forced) or (want is not None and (not step.forced or step.word != want)):
+                break
+            keep += 1
+        while len(self.steps) > keep:
+            self.back()
+        while len(self.steps) < n_steps and not self.done:
+            self.step(force=forced.get(len(self.steps)))
 
     def back(self) -> None:
         """Undo the last step (no-op at the start)."""
@@ -460,7 +490,7 @@ def score_caption(
     tokens = ids + [vocab.end_id]
     prev, logps, alphas, betas = vocab.start_id, [], [], []
     with autocast(device, precision):
-        feats, grid = _encode(model, _as_batch(image).to(device))
+        feats, grid = _encode(model, _as_batch(image), device)
         prep, h, c = model.decoder.prepare(feats)
         for tok in tokens:
             out = model.decoder.step(torch.tensor([prev], device=device), h, c, prep)
@@ -484,9 +514,9 @@ def sample_hard(
     """N seeded samples of the location sequence s̃ ~ Multinoulli(α) for one image, greedy words."""
     if not model.hard:
         raise SatError("Sampling locations needs a hard-attention checkpoint; this one uses soft attention.")
-    cfg = DecodeConfig(**{**(cfg or DecodeConfig()).to_dict(), "beam_size": 1, "hard_mode": "sample", "seed": seed})
+    cfg = dataclasses.replace(cfg or DecodeConfig(), beam_size=1, hard_mode="sample", seed=seed)
     device = next(model.parameters()).device
     with torch.no_grad(), autocast(device, cfg.precision):
-        feats, _ = _encode(model.eval(), _as_batch(image).to(device))
-    feats = feats.expand(n, -1, -1)  # (n, L, D): one encoder pass shared by all samples
-    return [hyps[0] for hyps in beam_search(model, feats, vocab, cfg)]
+        feats, grid = _encode(model.eval(), _as_batch(image), device)
+    shared = Annotations(feats.expand(n, -1, -1), grid)  # (n, L, D): one encoder pass for all samples
+    return [hyps[0] for hyps in beam_search(model, shared, vocab, cfg)]

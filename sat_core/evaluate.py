@@ -20,13 +20,14 @@ import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from sat_core import cli
+from sat_core import alpha
+from sat_core.caption_errors import WordStats, check_against_references
 from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint
 from sat_core.io import write_json_atomic
 from sat_core.config import DecodeConfig
@@ -34,12 +35,12 @@ from sat_core.data import ImageRecord, KarpathyData, load_karpathy
 from sat_core.decoding import Hypothesis, beam_search, pick_device
 from sat_core.errors import DatasetError, ImageError, SatError
 from sat_core.images import CropInfo, load_image, preprocess
+from sat_core.regions import mask_on_alpha_grid
 
 # Words that name an object (attention correctness); count words ("a", "two") are left out:
 # "a" is an article as much as a count, and "two" names two objects.
 NAMING_KINDS = ("shape", "colour", "size")
 WORD_KINDS = ("shape", "colour", "size", "count", "relation", "function")
-_GRID_CELL = 8  # px per grid cell when a mask has to be resampled to tile the α grid
 
 
 @dataclass
@@ -106,30 +107,6 @@ def decode_split(
 
 # ---- per-word attention figures ---------------------------------------------------------------------
 
-def mask_on_alpha_grid(mask: np.ndarray, crop: CropInfo, grid: tuple[int, int]) -> np.ndarray:
-    """An object mask in original-image pixels, cut to the encoder's crop, tiling the α grid exactly."""
-    width, height = crop.original_size
-    if mask.shape != (height, width):
-        raise DatasetError(
-            f"An object mask is {mask.shape[1]}x{mask.shape[0]} px but its image is {width}x{height}; "
-            "the dataset's masks do not belong to its images. Regenerate the dataset."
-        )
-    cut = mask[crop.top : crop.bottom, crop.left : crop.right]  # (side, side)
-    gh, gw = grid
-    if cut.shape[0] % gh == 0 and cut.shape[1] % gw == 0:
-        return cut
-    rows = np.arange(gh * _GRID_CELL) * cut.shape[0] // (gh * _GRID_CELL)
-    cols = np.arange(gw * _GRID_CELL) * cut.shape[1] // (gw * _GRID_CELL)
-    return cut[rows][:, cols]  # (gh·cell, gw·cell), nearest neighbour
-
-
-def alpha_entropy(alphas: np.ndarray) -> np.ndarray:
-    """Entropy in nats of each α row (T, L) -> (T,)."""
-    p = np.asarray(alphas, dtype=np.float64)
-    p = p / p.sum(axis=1, keepdims=True)
-    return -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=1)
-
-
 def word_attention(dec: Decoded, token_objects: dict[int, list[int]]) -> list[dict[str, Any]]:
     """Per generated word matched to exactly one object: share of its α on that object's mask."""
     from sat_core.grounding import attention_correctness, word_kind
@@ -154,11 +131,13 @@ def _mean(values: Sequence[float]) -> float | None:
 
 # ---- records and summaries ------------------------------------------------------------------------
 
-def image_record(dec: Decoded, scores: dict[str, float]) -> tuple[dict[str, Any], Any]:
+def image_record(dec: Decoded, scores: dict[str, float], stats: WordStats) -> tuple[dict[str, Any], Any]:
     """The per-image record (JSON-ready) and its Grounding (None without scene objects).
 
     Keys: image_id, filename, caption, tokens, references, scores (CIDEr, BLEU-4), logprob, finished,
-    alpha_entropy, n_objects; from grounding (else empty / None): errors (labels), grounding
+    alpha_entropy, n_objects; errors (labels): REFERENCE_LABELS from the references for every dataset
+    (with first_error, hallucinated, missed, word_kinds), then on scenes with objects the grounding
+    labels; from grounding (else empty / None): grounding
     (``Grounding.to_dict``: scores, error counts, token -> objects), words (``word_attention`` rows)
     and attention_correctness (mean share over the NAMING_KINDS words). ``eval_records.json`` and the
     explorer's error analysis hold exactly these records.
@@ -166,12 +145,15 @@ def image_record(dec: Decoded, scores: dict[str, float]) -> tuple[dict[str, Any]
     from sat_core.grounding import ground
 
     hyp = dec.hypothesis
-    entropy = alpha_entropy(hyp.alphas[: len(hyp.words)]) if hyp.words else np.zeros(0)
+    entropy = alpha.entropy(hyp.alphas[: len(hyp.words)]) if hyp.words else np.zeros(0)
+    check = check_against_references(hyp.words, dec.record.sentences, stats, finished=hyp.finished)
     record: dict[str, Any] = {
         "image_id": dec.record.id, "filename": dec.record.path.name, "caption": hyp.caption,
         "tokens": list(hyp.words), "references": [" ".join(s) for s in dec.record.sentences],
         "scores": {k: scores[k] for k in ("CIDEr", "BLEU-4")}, "logprob": hyp.logprob,
-        "finished": hyp.finished, "errors": [], "grounding": None, "words": [],
+        "finished": hyp.finished, "errors": list(check.labels), "first_error": check.first_error,
+        "hallucinated": check.hallucinated, "missed": check.missed, "word_kinds": check.kinds,
+        "grounding": None, "words": [],
         "attention_correctness": None, "alpha_entropy": _mean(entropy),
         "n_objects": None if dec.record.objects is None else len(dec.record.objects),
     }
@@ -181,7 +163,7 @@ def image_record(dec: Decoded, scores: dict[str, float]) -> tuple[dict[str, Any]
     words = word_attention(dec, grounding.token_objects)
     g = grounding.to_dict()
     g["token_objects"] = {str(t): ids for t, ids in g["token_objects"].items()}  # JSON keys are strings
-    record.update(errors=grounding.labels, grounding=g, words=words, attention_correctness=_mean(
+    record.update(errors=record["errors"] + grounding.labels, grounding=g, words=words, attention_correctness=_mean(
         [w["share"] for w in words if w["kind"] in NAMING_KINDS]))
     return record, grounding
 
@@ -190,7 +172,7 @@ def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, An
     """α entropy per generated word over all words; attention correctness over naming words."""
     alphas = [d.hypothesis.alphas[: len(d.hypothesis.words)] for d in decoded if d.hypothesis.words]
     L = decoded[0].hypothesis.alphas.shape[1]
-    entropy = alpha_entropy(np.concatenate(alphas)) if alphas else np.zeros(0)
+    entropy = alpha.entropy(np.concatenate(alphas)) if alphas else np.zeros(0)
     out: dict[str, Any] = {
         "n_words": int(entropy.size), "regions": L,
         "entropy_nats": _mean(entropy),
@@ -225,7 +207,8 @@ def beta_by_kind(decoded: Sequence[Decoded]) -> dict[str, dict[str, float]]:
     return {k: {"n": len(values[k]), "mean": float(np.mean(values[k]))} for k in WORD_KINDS if k in values}
 
 
-def score_decoded(decoded: Sequence[Decoded], *, gated: bool, meteor: bool = True) -> dict[str, Any]:
+def score_decoded(decoded: Sequence[Decoded], *, gated: bool, stats: WordStats,
+                  meteor: bool = True) -> dict[str, Any]:
     """Corpus metrics, grounded accuracy, attention figures, β by kind and records of decoded images."""
     from sat_core.grounding import aggregate
     from sat_core.metrics import caption_metrics
@@ -234,7 +217,7 @@ def score_decoded(decoded: Sequence[Decoded], *, gated: bool, meteor: bool = Tru
     report = caption_metrics(refs, {d.index: d.hypothesis.caption for d in decoded}, meteor=meteor)
     records, groundings = [], []
     for d in decoded:
-        record, grounding = image_record(d, report.per_image[d.index])
+        record, grounding = image_record(d, report.per_image[d.index], stats)
         records.append(record)
         if grounding is not None:
             groundings.append(grounding)
@@ -248,6 +231,14 @@ def score_decoded(decoded: Sequence[Decoded], *, gated: bool, meteor: bool = Tru
     }
 
 
+def word_stats(loaded: LoadedCheckpoint, data: KarpathyData) -> WordStats:
+    """The checkpoint's own word statistics (stored by the trainer), else those of ``data``'s references."""
+    stored = (loaded.config.get("training") or {}).get("word_stats")
+    if stored:
+        return WordStats.from_dict(stored)
+    return WordStats.from_references([r.sentences for r in data.images], source=str(data.json_path))
+
+
 def evaluate_images(
     loaded: LoadedCheckpoint,
     data: KarpathyData,
@@ -259,7 +250,8 @@ def evaluate_images(
 ) -> dict[str, Any]:
     """Decode ``data.images[i]`` for each index and compute every evaluation figure and record."""
     decoded, skipped = decode_images(loaded, data, indices, cfg, batch_size=batch_size)
-    scored = score_decoded(decoded, gated=bool(loaded.model.decoder.gated), meteor=meteor)
+    scored = score_decoded(decoded, gated=bool(loaded.model.decoder.gated), stats=word_stats(loaded, data),
+                           meteor=meteor)
     return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len,
             "n_images": len(decoded), "skipped": skipped, **scored}
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from sat_core.alpha import doubly_stochastic, entropy
 from sat_core.config import HardAttentionConfig
 
 
@@ -14,18 +15,6 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -
     """−log p(y_t | a, y_<t) per real token, 0 on pads: (B, T)."""
     nll = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # (B, T), fp32 under autocast
     return nll * mask
-
-
-def doubly_stochastic(alphas: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Σ_i (1 − Σ_t α_ti)² per example, summing α over real (non-pad) steps only: (B,)."""
-    coverage = (alphas * mask.unsqueeze(2)).sum(dim=1)  # (B, L)
-    return ((1.0 - coverage) ** 2).sum(dim=1)
-
-
-def attention_entropy(alphas: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """H[α_t] summed over real steps: (B,)."""
-    h = -(alphas * torch.log(alphas.clamp_min(1e-12))).sum(dim=2)  # (B, T)
-    return (h * mask).sum(dim=1)
 
 
 class MovingBaseline:
@@ -104,13 +93,13 @@ def caption_loss(
         if not hard.baseline:
             advantage = -nll_tok.sum(1).detach()  # the bare reward log p(y | s̃, a)
         log_p_s = (out.log_p_loc * mask).sum(1)  # (B,) log p(s̃ | a)
-        entropy = attention_entropy(out.alphas, mask)  # (B,)
+        h = (entropy(out.alphas) * mask).sum(1)  # (B,) H[α_t] summed over real steps
         if hard.reinforce:
             rf = -(hard.reinforce_weight * advantage * log_p_s)[rows].sum() / tokens
             loss = loss + rf
             rf_value = float(rf.detach())
         if hard.entropy_weight:
-            ent = entropy[rows].sum() / tokens
+            ent = h[rows].sum() / tokens
             loss = loss - hard.entropy_weight * ent
             ent_value = float(ent.detach())
         if baseline is not None and hard.baseline:

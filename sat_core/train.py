@@ -201,7 +201,7 @@ class Trainer:
         with torch.no_grad():
             for start in range(0, n, 64):
                 images = normalise(self.store.images[start : start + 64].to(self.device), self.preprocess)
-                chunks.append(self.model.encode(images).half().cpu())  # (b, L, D)
+                chunks.append(self.model.encode(images).feats.half().cpu())  # (b, L, D)
         return torch.cat(chunks)  # (N, L, D)
 
     # -- one epoch

@@ -14,7 +14,7 @@ import json
 import math
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -264,24 +264,19 @@ def word_strip(
     alphas: np.ndarray,
     grid: tuple[int, int],
     *,
-    method: Method = "pyramid",
-    sigma: float | None = None,
-    norm_mode: NormMode = "word",
-    global_max: float | None = None,
-    opacity: float = 0.6,
-    cmap: str = "viridis",
     panel_size: int = 112,
     columns: int | None = None,
+    **style: Any,
 ) -> np.ndarray:
     """The paper's figure as one RGB uint8 array: the plain image, then per word the image with
     that word's α laid over it and the word written under it; ``columns`` wraps into rows.
+    ``style``: ``attention_panels``' method, sigma, norm_mode, global_max, opacity and cmap.
 
     ``image`` should be the square crop the model saw, so the grid lines up with it.
     Size: ``strip_shape(len(words), panel_size, columns)``.
     """
     _check_words(words, alphas)
-    panels = attention_panels(image, alphas, grid, method=method, sigma=sigma, norm_mode=norm_mode,
-                              global_max=global_max, opacity=opacity, cmap=cmap, panel_size=panel_size)
+    panels = attention_panels(image, alphas, grid, panel_size=panel_size, **style)
     labelled = [label_panel(p, t) for p, t in zip(panels, ["", *words])]
     height, width = strip_shape(len(words), panel_size, columns)
     cols = min(columns or len(labelled), len(labelled))

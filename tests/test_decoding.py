@@ -9,8 +9,10 @@ import torch
 from sat_core.config import DecodeConfig
 from sat_core.decoding import DecodeSession, Intervention, beam_search, sample_hard, score_caption
 from sat_core.errors import SatError
+from sat_core.images import load_image, preprocess
 from sat_core.models.captioner import Captioner
 from tests.conftest import tiny_config
+from tests.explorer.conftest import explorer_env  # noqa: F401  (a fixture)
 
 
 def _images(n: int, seed: int = 1) -> torch.Tensor:
@@ -20,7 +22,7 @@ def _images(n: int, seed: int = 1) -> torch.Tensor:
 
 def _reference_greedy(model, vocab, image, max_len):
     """An independent argmax loop over decoder.step (no beam bookkeeping)."""
-    feats = model.encode(image[None])
+    feats = model.encode(image[None]).feats
     prep, h, c = model.decoder.prepare(feats)
     prev, tokens = torch.tensor([vocab.start_id]), []
     banned = [vocab.pad_id, vocab.start_id, vocab.unk_id]
@@ -307,3 +309,26 @@ def test_finished_images_leave_the_batch_without_changing_any_result(vocab, beam
             assert a.score == pytest.approx(b.score, abs=1e-5)
             assert a.finished == b.finished
             np.testing.assert_allclose(a.alphas, b.alphas, atol=1e-6)
+
+
+def test_session_sync_replays_forced_words_with_few_steps(explorer_env):
+    loaded = explorer_env.checkpoint("soft")
+    tensor, _ = preprocess(load_image(next(explorer_env.world / e["filepath"] / e["filename"] for e in explorer_env.dataset["images"] if e["split"] == "test")), loaded.preprocess)
+    cfg = DecodeConfig(beam_size=1, max_len=8)
+    session = DecodeSession(loaded.model, loaded.vocab, tensor, cfg)
+    word = loaded.vocab.itos[5]
+    session.sync(4, {1: word})
+    direct = DecodeSession(loaded.model, loaded.vocab, tensor, cfg)
+    direct.step()
+    direct.step(force=word)
+    direct.step()
+    direct.step()
+    assert [s.token for s in session.steps] == [s.token for s in direct.steps]
+    assert [s.forced for s in session.steps] == [False, True, False, False]
+    kept = session.steps[0]
+    session.sync(2, {})  # dropping the forced word redoes step 1 greedily, keeps step 0
+    assert session.steps[0] is kept and not session.steps[1].forced
+    greedy = DecodeSession(loaded.model, loaded.vocab, tensor, cfg)
+    greedy.step()
+    greedy.step()
+    assert [s.token for s in session.steps] == [s.token for s in greedy.steps]

@@ -114,7 +114,7 @@ def test_recurrent_state_stays_fp32_under_bf16(vocab, attention):
     torch.manual_seed(0)
     model = Captioner(tiny_config(len(vocab), attention=attention)).eval()
     with torch.no_grad(), precision.autocast("cpu", "bf16"):
-        feats = model.encode(_images(2))
+        feats = model.encode(_images(2)).feats
         prep, h, c = model.decoder.prepare(feats)
         assert prep.feats.dtype == torch.bfloat16  # cast once per image, here
         assert prep.proj.dtype == torch.float32 and h.dtype == c.dtype == torch.float32
@@ -160,7 +160,7 @@ def test_lean_teacher_forcing_gives_the_step_by_step_logits(vocab):
         model = Captioner(tiny_config(len(vocab), attention=attention)).eval()
         dec = model.decoder
         with torch.no_grad():
-            feats = model.encode(_images(3))
+            feats = model.encode(_images(3)).feats
             tf = model(None, captions, feats=feats)
             prep, h, c = dec.prepare(feats)
             steps = []

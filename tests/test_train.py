@@ -237,7 +237,7 @@ def test_cached_features_are_what_the_saved_model_computes(tiny_data, tmp_path):
     trainer.run()
     loaded = ckpt.load_checkpoint(tmp_path / "run" / "last")
     with torch.no_grad():
-        feats = loaded.model.encode(normalise(trainer.store.images, loaded.preprocess))  # (N, L, D)
+        feats = loaded.model.encode(normalise(trainer.store.images, loaded.preprocess)).feats  # (N, L, D)
     assert feats.shape == trainer.features.shape
     torch.testing.assert_close(trainer.features.float(), feats, atol=2e-3, rtol=2e-3)  # fp16 cache
     frozen = read_tensors(enc)[0]

@@ -11,7 +11,7 @@ import streamlit as st
 from sat_core import viz
 from sat_core.decoding import Hypothesis
 from sat_core.errors import SatError
-from sat_core.explain import box_mask
+from sat_core.regions import box_mask
 
 from explorer import maps
 from explorer import resources as res

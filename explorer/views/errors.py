@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pandas as pd
 import streamlit as st
 
-from sat_core.config import DecodeConfig
 from sat_core.errors import SatError
-from sat_core.explain import slice_metrics, word_type_correctness
+from sat_core.analysis import slice_metrics, word_type_correctness
 from sat_core.grounding import ERROR_LABELS
 
 from explorer import stepping
 from explorer import resources as res
 from explorer.components.text import draw_help
-from explorer.guards import cfg_json, need_model
+from explorer.guards import need_model
 from explorer.state import context, set_pending
 
 
@@ -67,9 +67,9 @@ def main() -> None:
     st.title("Error analysis")
     ctx = context()
     loaded = need_model(ctx)
-    cfg = DecodeConfig(beam_size=ctx.decode.beam_size, max_len=ctx.decode.max_len)
+    cfg = dataclasses.replace(ctx.decode, hard_mode="expect", seed=0)  # records are deterministic
     try:
-        data = res.eval_records(res.stamp(loaded.path), ctx.world_dir, cfg_json(cfg), loaded)
+        data = res.eval_records(res.stamp(loaded.path), ctx.world_dir, cfg, loaded)
     except SatError as err:
         st.error(str(err))
         st.stop()

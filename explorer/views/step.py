@@ -8,7 +8,8 @@ import streamlit as st
 
 from sat_core import viz
 from sat_core.decoding import DecodeSession, StepView
-from sat_core.explain import alpha_summary, mask_in_crop
+from sat_core.alpha import alpha_summary
+from sat_core.regions import mask_in_crop
 
 from explorer import maps, stepping
 from explorer.components.figures import draw_alpha, draw_topk
@@ -41,7 +42,7 @@ def draw_force(view: StepView) -> None:
 
 def overlay_for_step(image: PreparedImage, session: DecodeSession, settings: MapSettings,
                      with_masks: bool) -> np.ndarray:
-    alphas = np.stack([s.alpha.reshape(-1) for s in session.steps])  # (T, L)
+    alphas = session.alphas  # (T, L)
     overlay = maps.overlays(image.crop, alphas, session.grid, settings)[-1]
     masks = object_masks(image) if with_masks else []
     if masks:
@@ -76,7 +77,7 @@ def draw_step(ctx: Context, image: PreparedImage, session: DecodeSession, hard: 
 
 
 def draw_coverage(image: PreparedImage, session: DecodeSession, settings: MapSettings) -> None:
-    alphas = np.stack([s.alpha.reshape(-1) for s in session.steps])  # (T, L)
+    alphas = session.alphas  # (T, L)
     overlay, cover = maps.coverage_overlay(image.crop, alphas, session.grid, settings)
     st.markdown(f"**Coverage Σ_t α_t over the first {len(alphas)} steps** (max {cover.max():.2f})")
     draw_alpha(overlay, cover, key="step_coverage", value_name="Σα", height=300)
@@ -101,8 +102,7 @@ def main() -> None:
     if ctx.maps.coverage:
         draw_coverage(image, session, ctx.maps)
     st.download_button("Download α values so far (JSON)",
-                       viz.alphas_json(words, np.stack([s.alpha.reshape(-1) for s in session.steps]),
-                                       np.array([s.beta for s in session.steps]), session.grid),
+                       viz.alphas_json(words, session.alphas, session.betas, session.grid),
                        "steps_alphas.json", "application/json", key="step_json")
     draw_help("What happens in one step", (
         "At step t the decoder scores every region with f_att(a_i, h_{t−1}); a softmax turns the scores into α_t. "

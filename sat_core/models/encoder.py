@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -17,6 +18,17 @@ from sat_core.errors import SatError
 
 FEATURE_DIMS = {"vgg19": 512, "resnet101": 2048}
 STRIDES = {"vgg19": 16, "resnet101": 32}
+
+
+class Annotations(NamedTuple):
+    """What the encoder returns for a batch: the annotation vectors and the grid they lie on.
+
+    The grid travels with the features of each call (never stored on the model), so threads that
+    share one model and encode images of different sizes each get their own grid.
+    """
+
+    feats: torch.Tensor  # (B, L, D), row-major over the grid
+    grid: tuple[int, int]  # (gh, gw), gh·gw = L
 
 
 def _conv(c_in: int, c_out: int, stride: int) -> list[nn.Module]:
@@ -113,9 +125,9 @@ class Encoder(nn.Module):
         super().train(mode and self.trainable)
         return self
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Return the annotations (B, L, D) and the true grid shape (gh, gw)."""
+    def forward(self, images: torch.Tensor) -> Annotations:
+        """The annotations (B, L, D) and the true grid shape (gh, gw)."""
         with torch.set_grad_enabled(self.trainable and torch.is_grad_enabled()):
             fmap = self.body(images)  # (B, D, gh, gw)
         grid = (fmap.shape[2], fmap.shape[3])
-        return fmap.flatten(2).transpose(1, 2), grid  # (B, L, D)
+        return Annotations(fmap.flatten(2).transpose(1, 2), grid)  # (B, L, D)

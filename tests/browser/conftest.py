@@ -19,7 +19,7 @@ from sat_core.config import PreprocessConfig
 from sat_core.vocab import Vocab
 from sat_core.world import generate
 
-from explorer.screenshots import VIEWPORT, AppServer, find_chromium, launch_chromium, wait_for_text
+from explorer.dev.browser import VIEWPORT, AppServer, find_chromium, launch_chromium, wait_for_text
 from explorer.settings import REPO_ROOT
 from tests.explorer.conftest import N_TEST, N_TRAIN, _tiny
 

@@ -14,7 +14,7 @@ from sat_core.config import DecodeConfig
 from sat_core.decoding import DecodeSession, beam_search
 from sat_core.images import load_image, preprocess
 
-from explorer.screenshots import choose_upload, click_button, go_to, shoot, upload, wait_for_text
+from explorer.dev.browser import choose_upload, click_button, go_to, shoot, upload, wait_for_text
 from tests.browser.conftest import ARTIFACTS, TIMEOUT_S, BrowserEnv
 from tests.explorer.conftest import photo_jpeg
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from sat_core.config import DecodeConfig
 from sat_core.decoding import Intervention, beam_search, sample_hard, score_caption
-from sat_core.explain import grid_region
+from sat_core.regions import grid_region
 from sat_core.images import load_image, preprocess
 
 from tests.explorer.conftest import new_app
@@ -126,7 +126,7 @@ def _evaluated_gallery(env, at):
 
 
 def test_error_analysis_shows_evaluates_records(explorer_env):
-    from sat_core.explain import word_type_correctness
+    from sat_core.analysis import word_type_correctness
 
     at = open_page("errors")
     expected = _evaluated_gallery(explorer_env, at)

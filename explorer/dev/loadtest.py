@@ -1,6 +1,6 @@
 """A classroom at once: N concurrent browser sessions upload different images and step through them.
 
-    python -m explorer.loadtest [--sessions 30] [--steps 5] [--checkpoint DIR] [--world DIR] [--json OUT]
+    python -m explorer.dev.loadtest [--sessions 30] [--steps 5] [--checkpoint DIR] [--world DIR] [--json OUT]
 
 Starts the app on 127.0.0.1 twice, each time fresh: first for ONE session (the reference), then for
 ``--sessions`` sessions at once (Playwright contexts in one headless Chromium). Each session opens the
@@ -35,7 +35,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from explorer.screenshots import IDLE_WITH_TEXT_JS, SCRIPT_STATE_JS, AppServer, find_chromium, launch_chromium
+from explorer.dev.browser import (
+    IDLE_WITH_TEXT_JS, SCRIPT_STATE_JS, AppServer, find_chromium, launch_chromium, require_browser,
+)
 from explorer.settings import DEFAULT_CHECKPOINTS, REPO_ROOT
 
 PHOTOS = ["astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
@@ -186,7 +188,7 @@ class Monitor:
 # ---- one browser session --------------------------------------------------------------------------
 
 async def wait_text(page: Any, needle: str, timeout_s: float, what: str) -> None:
-    """Wait until the run is over and ``needle`` shows (async twin of screenshots.wait_for_text)."""
+    """Wait until the run is over and ``needle`` shows (async twin of browser.wait_for_text)."""
     try:
         await page.wait_for_function(IDLE_WITH_TEXT_JS, arg=[needle], timeout=timeout_s * 1000, polling=200)
     except Exception as err:
@@ -414,7 +416,7 @@ def report(many: dict[str, Any], single: dict[str, Any] | None) -> dict[str, Any
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m explorer.loadtest", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m explorer.dev.loadtest", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=30, help="concurrent browser sessions (default 30)")
     parser.add_argument("--steps", type=int, default=5, help="steps each session goes through (default 5)")
     parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINTS / "soft",
@@ -439,13 +441,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    try:
-        import playwright.async_api  # noqa: F401
-    except ImportError:
-        raise SystemExit("The Python package 'playwright' is needed (pip install playwright; "
-                         "no `playwright install`: Debian's chromium is used).") from None
-    if (args.chromium or find_chromium()) is None:
-        raise SystemExit("No Chromium found: apt-get install -y chromium.")
+    require_browser(args.chromium)
     from urllib.parse import urlencode
 
     query = urlencode({"source": "Upload", "ckpt": checkpoint_name(args.checkpoint)})
@@ -461,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     figures = report(many, single)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        command = "python -m explorer.loadtest " + " ".join(sys.argv[1:] if argv is None else argv)
+        command = "python -m explorer.dev.loadtest " + " ".join(sys.argv[1:] if argv is None else argv)
         out = {"command": command, "figures": figures, "single": single, "load": many}
         args.json.write_text(json.dumps(out, indent=2))
         print(f"written {args.json}")
