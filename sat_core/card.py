@@ -65,7 +65,8 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
         lines += ["", "## Training", f"- Data: `{training['dataset']}`; epoch {training.get('epoch', '?')}, "
                                      f"step {training.get('step', '?')}."]
     lines += ["", f"## {str(metrics.get('split', 'evaluation')).capitalize()} split "
-                  f"({metrics.get('n_images', '?')} images, beam {metrics.get('beam', '?')})",
+                  f"({metrics.get('n_images', '?')} images, beam {metrics.get('beam', '?')}, "
+                  f"{metrics.get('precision', 'fp32')})",
               "| metric | value |", "| --- | --- |"]
     lines += [f"| {k} | {_figure(v)} |" for k, v in metrics.get("corpus", {}).items()]
     lines += [f"| grounded {k} | {_figure(v)} |" for k, v in metrics.get("grounded", {}).items()

@@ -180,6 +180,8 @@ class DecodeConfig(Config):
     hard_mode: str = option("expect", "hard attention at test time: expectation α or a sampled location",
                             choices=("expect", "sample"))
     seed: int = option(0, "seed of hard_mode=sample", low=0)
+    precision: str = option("auto", "auto | fp32 | bf16; auto: bf16 on CUDA and on CPUs with AMX or AVX512-BF16",
+                            choices=("auto", "fp32", "bf16"))
 
 
 # ---- training ------------------------------------------------------------------------------------
@@ -232,13 +234,19 @@ class TrainConfig(Config):
     encoder_weights: str = option("", "small encoder pretrained by sat_core.pretrain (then frozen)")
     seed: int = option(0, "seed of initialisation, shuffling, dropout and hard samples", low=0)
     device: str = option("auto", "auto | cpu | cuda[:N]")
-    amp: bool = option(True, "bf16 autocast, CUDA only")
+    precision: str = option("auto", "auto | fp32 | bf16 for training steps; auto: bf16 on CUDA and on CPUs with "
+                            "AMX or AVX512-BF16 (weights, optimizer state, h/c and the loss stay fp32)",
+                            choices=("auto", "fp32", "bf16"))
     channels_last: bool = option(True, "channels-last encoder inputs, CUDA only")
     progress: bool = option(True, "progress bars")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
         """Nested dicts, or the flat layout of train_config.json files written before sections existed."""
+        if isinstance(data, dict) and "amp" in data:  # before --precision: amp=True was bf16 on CUDA only
+            amp = data["amp"]
+            data = {k: v for k, v in data.items() if k != "amp"}
+            data.setdefault("precision", "auto" if amp else "fp32")
         if _is_flat(data):
             data = _nest_flat(data)
         return super().from_dict(data)

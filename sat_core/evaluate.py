@@ -33,6 +33,7 @@ from sat_core import alpha
 from sat_core.caption_errors import WordStats, check_against_references
 from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint
 from sat_core.io import write_json_atomic
+from sat_core.precision import resolve
 from sat_core.config import DecodeConfig
 from sat_core.data import ImageRecord, KarpathyData, load_karpathy
 from sat_core.decoding import Hypothesis, beam_search, pick_device
@@ -264,7 +265,8 @@ def evaluate_images(
     decoded, skipped = decode_images(loaded, data, indices, cfg, batch_size=batch_size, progress=progress)
     scored = score_decoded(decoded, gated=bool(loaded.model.decoder.gated), stats=word_stats(loaded, data),
                            meteor=meteor)
-    return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len,
+    precision = resolve(next(loaded.model.parameters()).device, cfg.precision)
+    return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len, "precision": precision,
             "n_images": len(decoded), "skipped": skipped, **scored}
 
 

@@ -75,6 +75,7 @@ def training_summary(run_dir: Path) -> dict[str, Any]:
         "best_epoch": best["epoch"],
         "best_val_bleu4": round(best["val"]["BLEU-4"], 4),
         "final_train_nll": round(epochs[-1]["nll"], 4),
+        "precision": epochs[-1].get("precision", "fp32"),  # logs before --precision: fp32 on CPU
     }
 
 
@@ -158,6 +159,8 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
         f"- Training: {tr['epochs']} epochs, {tr['train_minutes']} min on this project's 2-core CPU "
         f"(one thread), {tr['captions_per_s']} captions/s; best validation BLEU-4 {tr['best_val_bleu4']} "
         f"at epoch {tr['best_epoch']}. Weights stored in fp16.",
+        f"- Precision (`--precision`): training {tr.get('precision', 'fp32')}, test-split decoding "
+        f"{metrics.get('precision', 'fp32')}.",
     ]
     return card.model_card(name, config, metrics, about=about)
 

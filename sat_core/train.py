@@ -34,6 +34,7 @@ from sat_core.errors import SatError
 from sat_core.losses import MovingBaseline, caption_loss
 from sat_core.models.captioner import Captioner
 from sat_core.models.encoder import FEATURE_DIMS
+from sat_core.precision import autocast, resolve
 from sat_core.vocab import Vocab
 
 STATE_TENSORS, STATE_JSON = "state.safetensors", "state.json"
@@ -171,6 +172,11 @@ class Trainer:
         opt = torch.optim.Adam if cfg.optim.optimizer == "adam" else torch.optim.RMSprop
         self.optimizer = opt(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.features = self._feature_cache()
+        self.precision = resolve(self.device, cfg.precision)
+        if self.world > 1:
+            # DDP copies rank 0's initial weights; from here each rank draws its own dropout masks
+            # and hard-attention samples (the same seed everywhere would repeat them on every rank).
+            torch.manual_seed(cfg.seed + self.rank)
 
     def _load_encoder(self, path: Path) -> None:
         if self.cfg.model.encoder != "small":
@@ -263,9 +269,8 @@ class Trainer:
         )
 
     def _autocast(self):
-        if self.cfg.amp and self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return torch.autocast("cpu", enabled=False)
+        """bf16 matrix products where ``--precision`` resolves to bf16; weights and optimizer stay fp32."""
+        return autocast(self.device, self.cfg.precision)
 
     def _batches(self):
         """The loader's iterator, minus the global-RNG draw DataLoader makes for a worker seed.
@@ -342,6 +347,10 @@ class Trainer:
         random.setstate(_python_rng(state["python_rng"]))
         self.epoch, self.batch_in_epoch, self.step = state["epoch"], state["batch_in_epoch"], state["step"]
         self.best, self.bad_epochs, self.baseline.value = state["best"], state["bad_epochs"], state["baseline"]
+        if self.world > 1:
+            # Only rank 0's RNG and baseline are saved: the other ranks continue from a fresh
+            # rank-dependent seed, so a multi-process resume is not bit-exact (README says so).
+            torch.manual_seed(self.cfg.seed + self.rank + 1_000_003 * self.step)
 
     # -- the run
 
@@ -370,7 +379,8 @@ class Trainer:
             self.bad_epochs = 0 if improved else self.bad_epochs + 1
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             if self.main_process:
-                self._log({"epoch": self.epoch, "step": self.step, **stats, "baseline": self.baseline.value,
+                self._log({"epoch": self.epoch, "step": self.step, **stats, "precision": self.precision,
+                           "baseline": self.baseline.value,
                            "val": val, "best_bleu4": self.best})
                 if improved:
                     self._save_model(self.run_dir / "best", metrics={f"val_{k}": v for k, v in val.items()})
@@ -390,7 +400,7 @@ class Trainer:
         if "val" in record:
             v = record["val"]
             print(f"epoch {record['epoch']}: loss {record['loss']:.3f}  nll {record['nll']:.3f}  "
-                  f"{record['captions_per_s']:.0f} captions/s  val BLEU-4 {v.get('BLEU-4', 0):.4f}  "
+                  f"{record['captions_per_s']:.0f} captions/s ({record['precision']})  val BLEU-4 {v.get('BLEU-4', 0):.4f}  "
                   f"CIDEr {v.get('CIDEr', 0):.3f}", flush=True)
 
     def _from_rank0(self, value: float) -> float:
