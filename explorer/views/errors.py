@@ -64,7 +64,7 @@ def open_in_step(record: dict) -> None:
     """Show this record's image in Step through, stopped at its first wrong word (else the whole caption)."""
     set_pending(source="Gallery scene", scene=int(record["image_id"]), masks=True)
     first = record.get("first_error")
-    st.session_state["step"] = first + 1 if first is not None else 99
+    st.session_state["step"] = first + 1 if first is not None else stepping.PLAY_TO_END
     st.session_state["forced"] = {}
     stepping.keep_on_next_change()
     st.switch_page("views/step.py")
