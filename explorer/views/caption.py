@@ -22,7 +22,7 @@ from explorer.components.text import draw_domain_warning, draw_help, draw_refere
 from explorer.guards import beams, need_image, need_model
 from explorer.maps import MapSettings
 from explorer.resources import PreparedImage
-from explorer.state import context
+from explorer.state import context, keep_choice, write_url
 
 
 def crop_note(image: PreparedImage) -> str:
@@ -53,6 +53,7 @@ def draw_exports(image: PreparedImage, words: list[str], best: Hypothesis, setti
 
 def draw_closer(image: PreparedImage, words: list[str], best: Hypothesis, settings: MapSettings) -> None:
     """One word's α map, large, beside the image the encoder saw."""
+    keep_choice("closer_word", list(range(len(words))))
     t = st.selectbox("Look closer at one word", range(len(words)), format_func=lambda i: f"{i + 1}: {words[i]}",
                      key="closer_word")
     left, right = st.columns(2)
@@ -117,6 +118,7 @@ def main() -> None:
                    scale=maps.coverage_scale(image.crop.shape[0], cover, best.grid, ctx.maps))
     stem = Path(image.name).stem or image.key.replace(":", "_")
     draw_exports(image, words, best, ctx.maps, exports.export_meta(ctx, image, best), stem)
+    write_url()  # the enlarged word is part of the link
     draw_help("How to read this", (
         "The caption is the best hypothesis of a beam search (beam size 1 = greedy). The score is the "
         "sum of the words' log-probabilities (divided by length^n when length normalisation is on). "

@@ -88,3 +88,21 @@ def test_slide_export_is_wide_and_names_caption_checkpoint_image_and_crop(explor
 
 def _cut(best, n):
     return SimpleNamespace(alphas=best.alphas[:n], grid=best.grid, caption=best.caption)
+
+
+def test_links_restore_the_enlarged_word_and_the_error_filters(explorer_env):
+    at = _open("caption")
+    at.selectbox(key="closer_word").set_value(2).run()
+    assert at.query_params["closer_word"] == "2"
+    again = _open("caption", dict(at.query_params))
+    assert again.selectbox(key="closer_word").value == 2
+    errors = _open("errors")
+    labelled = errors.dataframe[0].value
+    label = next(e for e in labelled["errors"] if e != "—").split(", ")[0]
+    errors.multiselect(key="err_labels").set_value([label])
+    errors.selectbox(key="err_sort").set_value("image_id").run()
+    assert errors.query_params["err_labels"] == label and errors.query_params["err_sort"] == "image_id"
+    restored = _open("errors", dict(errors.query_params))
+    assert restored.multiselect(key="err_labels").value == [label]
+    assert restored.selectbox(key="err_sort").value == "image_id"
+    assert list(restored.dataframe[0].value["image_id"]) == sorted(restored.dataframe[0].value["image_id"])
