@@ -11,10 +11,14 @@ from torch import nn
 
 
 class AttentionMLP(nn.Module):
-    """e_ti = w^T tanh(W_a a_i + W_h h_{t−1} + b);  α_t = softmax(e_t)."""
+    """e_ti = w^T tanh(W_a a_i + W_h h_{t−1} + b);  α_t = softmax(e_t).
 
-    def __init__(self, feature_dim: int, hidden_dim: int, attn_dim: int) -> None:
+    ``activation="relu"`` replaces tanh, as sgrvinod's tutorial does (for converted checkpoints).
+    """
+
+    def __init__(self, feature_dim: int, hidden_dim: int, attn_dim: int, activation: str = "tanh") -> None:
         super().__init__()
+        self.act = torch.relu if activation == "relu" else torch.tanh
         self.W_a = nn.Linear(feature_dim, attn_dim)  # carries the bias b
         self.W_h = nn.Linear(hidden_dim, attn_dim, bias=False)
         self.w = nn.Linear(attn_dim, 1)
@@ -32,7 +36,7 @@ class AttentionMLP(nn.Module):
         B, L, A = proj.shape
         k = h.shape[0] // B
         wh = self.W_h(h).view(B, k, 1, A)  # (B, k, 1, A)
-        e = self.w(torch.tanh(proj.unsqueeze(1) + wh)).view(B * k, L)  # (N, L)
+        e = self.w(self.act(proj.unsqueeze(1) + wh)).view(B * k, L)  # (N, L)
         return torch.softmax(e, dim=1)  # (N, L)
 
 
