@@ -161,20 +161,41 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _open_outputs(args: argparse.Namespace, stack: ExitStack) -> tuple[IO[str] | None, Path | None]:
-    """The JSONL stream and the α strip folder the flags ask for (SatError when they cannot be made)."""
-    jsonl, strips = None, None
-    try:
-        if args.jsonl == "-":
-            jsonl = sys.stdout
-        elif args.jsonl:
-            jsonl = stack.enter_context(open(args.jsonl, "w", encoding="utf-8"))
-        if args.save_attention:
-            strips = Path(args.save_attention)
-            strips.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SatError(f"Cannot write the output ({exc}); choose a folder you can write to.") from exc
-    return jsonl, strips
+@dataclass
+class _Outputs:
+    """Where results go besides stdout: the JSONL stream, the α strip folder (and its names so far)."""
+
+    jsonl: IO[str] | None
+    strips: Path | None
+    used: set[str]
+
+    @classmethod
+    def open(cls, args: argparse.Namespace, stack: ExitStack) -> "_Outputs":
+        """The outputs the flags ask for (SatError when they cannot be made)."""
+        try:
+            jsonl = sys.stdout if args.jsonl == "-" else (
+                stack.enter_context(open(args.jsonl, "w", encoding="utf-8")) if args.jsonl else None)
+            strips = Path(args.save_attention) if args.save_attention else None
+            if strips is not None:
+                strips.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SatError(f"Cannot write the output ({exc}); choose a folder you can write to.") from exc
+        return cls(jsonl, strips, set())
+
+    def write(self, r: Captioned, record: dict[str, Any], preprocess_cfg: PreprocessConfig) -> str | None:
+        """Write one image's α strip and JSON line; the error message when the strip cannot be written."""
+        error = None
+        if self.strips is not None:
+            png = strip_path(self.strips, r.source, self.used)
+            try:
+                atomic_write(png, lambda tmp: tmp.write_bytes(attention_strip_png(r.image, r.best, preprocess_cfg)))
+                record["attention_png"] = str(png)
+            except OSError as exc:
+                error = f"cannot write {png} ({exc})"
+            r.image = None  # keep memory to one batch of images
+        if self.jsonl is not None:
+            self.jsonl.write(json.dumps(record) + "\n")
+        return error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,40 +209,30 @@ def main(argv: list[str] | None = None) -> int:
                 raise SatError(f"--batch-size must be at least 1, not {args.batch_size}.")
             cfg = cli.decode_config(args)
             loaded = load_checkpoint(args.checkpoint, device=pick_device(args.device))
-            jsonl, strips = _open_outputs(args, stack)
+            outputs = _Outputs.open(args, stack)
         except SatError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
         for source, message in failed:
             print(f"{source}: {message}", file=sys.stderr)
-        hard, used, everything = loaded.model.hard, set(), []
+        everything = []
         bar = stack.enter_context(tqdm(total=len(sources), unit="image", file=sys.stderr,
                                        disable=not sys.stderr.isatty()))
-        batches = iter_captions(loaded, sources, cfg, batch_size=args.batch_size, keep_images=strips is not None)
-        for n_done, results, bad in batches:
+        for n_done, results, bad in iter_captions(loaded, sources, cfg, batch_size=args.batch_size,
+                                                  keep_images=outputs.strips is not None):
+            for r in results:
+                record = to_json(r, hard=loaded.model.hard) if args.json or outputs.jsonl else {}
+                error = outputs.write(r, record, loaded.preprocess)
+                bad += [(r.source, error)] if error else []
+                if args.json:
+                    everything.append(record)
+                elif outputs.jsonl is not sys.stdout:
+                    print(f"{r.source}: {r.best.caption}")
             for source, message in bad:
                 bar.write(f"{source}: {message}", file=sys.stderr)
             failed += bad
-            for r in results:
-                record = to_json(r, hard=hard) if (args.json or jsonl) else {}
-                if strips is not None:
-                    png = strip_path(strips, r.source, used)
-                    try:
-                        atomic_write(png, lambda tmp, r=r: tmp.write_bytes(
-                            attention_strip_png(r.image, r.best, loaded.preprocess)))
-                        record["attention_png"] = str(png)
-                    except OSError as exc:
-                        bar.write(f"{r.source}: cannot write {png} ({exc})", file=sys.stderr)
-                        failed.append((r.source, str(exc)))
-                    r.image = None  # keep memory to one batch of images
-                if jsonl is not None:
-                    jsonl.write(json.dumps(record) + "\n")
-                if args.json:
-                    everything.append(record)
-                elif jsonl is not sys.stdout:
-                    print(f"{r.source}: {r.best.caption}")
-            if jsonl is not None:
-                jsonl.flush()
+            if outputs.jsonl is not None:
+                outputs.jsonl.flush()
             bar.update(n_done)
     if args.json:
         print(json.dumps(everything))
