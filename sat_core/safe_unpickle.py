@@ -38,14 +38,14 @@ from sat_core.errors import CheckpointError
 
 # Modules whose classes become inert records: torch's layers and optimizers, torchvision's models, and
 # the tutorial's own models.py (imported there as ``models``; ``__main__`` when a script defined them).
-RECORD_MODULES = ("torch.nn.modules.", "torch.optim.", "torchvision.models.")
+RECORD_MODULES = ("torch.nn.modules.", "torch.nn.parallel.", "torch.optim.", "torchvision.models.")
 RECORD_EXACT_MODULES = ("models", "__main__")
 
 _STORAGE_DTYPES = {
     "FloatStorage": torch.float32, "DoubleStorage": torch.float64, "HalfStorage": torch.float16,
     "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
     "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
-    "BoolStorage": torch.bool,
+    "BoolStorage": torch.bool, "UntypedStorage": torch.uint8,
 }
 _DTYPES = {str(d).removeprefix("torch."): d for d in _STORAGE_DTYPES.values()}
 
@@ -144,6 +144,13 @@ def _plain_set(items: Any = ()) -> set:
     return set(items)
 
 
+def _device_name(kind: Any, index: Any = None) -> str:
+    """torch.device(kind, index) as its name: where the file was saved from, never used."""
+    if not isinstance(kind, str) or not (index is None or isinstance(index, int)):
+        raise UnpicklingError("a device is a name and an index")
+    return kind if index is None else f"{kind}:{index}"
+
+
 def _plain_tuple(items: Any = ()) -> tuple:  # torch.Size
     if not isinstance(items, (list, tuple)):
         raise UnpicklingError("a size takes a list")
@@ -161,6 +168,7 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     ("builtins", "frozenset"): _plain_set,
     ("builtins", "dict"): _plain_dict,  # only ever a defaultdict's factory
     ("torch", "Size"): _plain_tuple,
+    ("torch", "device"): _device_name,
     **{("torch", name): _StorageType(dtype) for name, dtype in _STORAGE_DTYPES.items()},
     **{("torch", name): dtype for name, dtype in _DTYPES.items()},
 }

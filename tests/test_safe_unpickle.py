@@ -43,6 +43,15 @@ def test_tensors_containers_and_modules_round_trip(tmp_path):
     assert loaded["optimizer"].class_path == "torch.optim.sgd.SGD"
 
 
+def test_devices_dtypes_and_sizes_are_plain_values(tmp_path):
+    path = tmp_path / "meta.pth"
+    torch.save({"where": torch.device("cuda", 1), "cpu": torch.device("cpu"), "dtype": torch.float16,
+                "size": torch.Size([2, 3]), "bytes": torch.tensor([7, 255], dtype=torch.uint8)}, path)
+    loaded = safe_load(path)
+    assert (loaded["where"], loaded["cpu"], loaded["dtype"], loaded["size"]) == ("cuda:1", "cpu", torch.float16, (2, 3))
+    assert loaded["bytes"].tolist() == [7, 255]
+
+
 def _torch_zip(path, pickle_bytes: bytes) -> None:
     """A file laid out as torch.save writes it, with the given data.pkl."""
     with zipfile.ZipFile(path, "w") as archive:
