@@ -222,3 +222,23 @@ def test_cli_messages(tutorial, tmp_path, capsys):
     assert main(["sgrvinod", str(path), str(not_json), "--out", out]) == 2
     assert "not a readable JSON word map" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+class _RunsCode:
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').close()",)
+
+
+def test_crafted_checkpoint_is_refused_without_running(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    path = tmp_path / "BEST_checkpoint_evil.pth.tar"
+    torch.save({"epoch": 1, "encoder": nn.Linear(2, 2), "decoder": _RunsCode(marker)}, path)
+    wordmap = tmp_path / "WORDMAP_evil.json"
+    wordmap.write_text(json.dumps(tutorial_wordmap()))
+    assert main(["sgrvinod", str(path), str(wordmap), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "builtins.exec" in err and "nothing in the file was run" in err and "Traceback" not in err
+    assert not marker.exists() and not (tmp_path / "out").exists()
