@@ -149,8 +149,9 @@ class Context:
         return stamp(self.loaded.path) if self.loaded is not None else ""
 
     @property
-    def world_dir(self) -> str:
-        return str(self.settings.world_dir)
+    def source(self):
+        """The dataset every page reads (explorer.settings.DataSource)."""
+        return self.settings.source
 
 
 def set_context(ctx: Context) -> None:

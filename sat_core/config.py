@@ -190,6 +190,8 @@ class DecodeConfig(Config):
     hard_mode: str = option("expect", "hard attention at test time: expectation α or a sampled location",
                             choices=("expect", "sample"))
     seed: int = option(0, "seed of hard_mode=sample", low=0)
+    precision: str = option("auto", "auto | fp32 | bf16; auto: bf16 on CUDA and on CPUs with AMX or AVX512-BF16",
+                            choices=("auto", "fp32", "bf16"))
 
 
 # ---- training ------------------------------------------------------------------------------------
@@ -225,6 +227,8 @@ class OptimConfig(Config):
     patience: int = option(3, "epochs without a better validation BLEU-4 before stopping; 0: never", low=0)
     max_minutes: float = option(0.0, "stop before an epoch that would end past this training time; 0: no limit",
                                 low=0.0)
+    select_metric: str = option("bleu4", "validation metric that picks best/ and drives early stopping",
+                                choices=("bleu4", "cider"))
     save_every: int = option(200, "optimizer steps between resumable checkpoints (and every epoch end); 0: epochs only",
                              low=0)
 
@@ -242,13 +246,20 @@ class TrainConfig(Config):
     encoder_weights: str = option("", "small encoder pretrained by sat_core.pretrain (then frozen)")
     seed: int = option(0, "seed of initialisation, shuffling, dropout and hard samples", low=0)
     device: str = option("auto", "auto | cpu | cuda[:N]")
-    amp: bool = option(True, "bf16 autocast, CUDA only")
+    precision: str = option("auto", "auto | fp32 | bf16 for training steps; auto: bf16 on CUDA and on CPUs with "
+                            "AMX or AVX512-BF16 (weights, optimizer state, h/c and the loss stay fp32)",
+                            choices=("auto", "fp32", "bf16"))
     channels_last: bool = option(True, "channels-last encoder inputs, CUDA only")
     progress: bool = option(True, "progress bars")
+    allow_random_encoder: bool = option(False, "allow a frozen vgg/resnet encoder without pretrained weights")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
         """Nested dicts, or the flat layout of train_config.json files written before sections existed."""
+        if isinstance(data, dict) and "amp" in data:  # before --precision: amp=True was bf16 on CUDA only
+            amp = data["amp"]
+            data = {k: v for k, v in data.items() if k != "amp"}
+            data.setdefault("precision", "auto" if amp else "fp32")
         if _is_flat(data):
             data = _nest_flat(data)
         return super().from_dict(data)

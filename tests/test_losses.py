@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from sat_core.alpha import doubly_stochastic
 from sat_core.config import HardAttentionConfig
-from sat_core.losses import MovingBaseline, caption_loss
+from sat_core.losses import MovingBaseline, caption_loss, reinforce_advantage
 
 
 def test_doubly_stochastic_matches_hand_computation_and_ignores_pads():
@@ -55,7 +57,34 @@ def test_baseline_is_updated_by_the_loss_with_sampled_examples_only():
     base = MovingBaseline(0.9, value=-1.0)
     caption_loss(out, targets, dsa_lambda=0.0, hard=HardAttentionConfig(), baseline=base)
     reward0 = torch.log_softmax(logits[0], -1)[[0, 1], [4, 2]].sum().item()
-    assert base.value == pytest.approx(0.9 * -1.0 + 0.1 * reward0, rel=1e-5)
+    assert base.value == pytest.approx(0.9 * -1.0 + 0.1 * reward0 / 2, rel=1e-5)  # per token: 2 tokens
+
+
+def test_reinforce_advantage_does_not_depend_on_the_bucket_length():
+    """Toy problem: every token costs the same NLL (log 6), buckets of 3 and 12 words alternate.
+
+    No location helps or hurts, so the advantage should be zero at every length. A baseline of
+    whole-caption rewards settles between the two lengths' rewards and gives short captions a large
+    positive and long ones a large negative advantage; the per-token baseline leaves both at zero.
+    """
+    base, old = MovingBaseline(0.9), MovingBaseline(0.9)
+    sampled = torch.ones(4, dtype=torch.bool)
+    for k in range(60):
+        length = 3 if k % 2 else 12
+        targets = torch.full((4, length), 5)
+        log_p_loc = torch.full((4, length), -1.0)
+        out = _Out(torch.zeros(4, length, 6), torch.full((4, length, 3), 1 / 3), log_p_loc, sampled)
+        nll_tok = torch.full((4, length), math.log(6))
+        advantage, _ = reinforce_advantage(nll_tok, torch.ones(4, length), sampled, base)
+        parts = caption_loss(out, targets, dsa_lambda=0.0, hard=HardAttentionConfig(entropy_weight=0.0),
+                             baseline=base)
+        reward = -nll_tok.sum(1)
+        old_advantage = reward - (reward.mean() if old.value is None else old.value)
+        old.update(reward)
+        if k >= 40:
+            assert torch.allclose(advantage, torch.zeros(4), atol=1e-4), (length, advantage)
+            assert parts.reinforce == pytest.approx(0.0, abs=1e-4)
+            assert float(old_advantage.abs().min()) > 5  # ≈ (7.5 − |y|) × log 6: all length, no signal
 
 
 def test_switching_off_reinforce_and_entropy_leaves_plain_likelihood():

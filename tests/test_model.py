@@ -159,3 +159,23 @@ def test_default_model_is_unchanged_and_variants_change_the_computation(vocab):
     assert torch.equal(torch.tanh(h_none), h_tanh)  # f_init without tanh, same affine map
     h_relu, alpha_relu = first_step(attention_activation="relu")
     assert torch.equal(h_relu, h_tanh) and not torch.allclose(alpha_tanh, alpha_relu)
+
+
+def test_tutorial_variants_lean_teacher_forcing_matches_steps(vocab):
+    """Teacher forcing (grad path of attention) and step by step without grad (chunked path) agree."""
+    torch.manual_seed(0)
+    model = Captioner(tiny_config(len(vocab), gate_size="vector", deep_output=False, attention_activation="relu",
+                                  init_activation="none")).eval()
+    caps = captions(6, 5, len(vocab))
+    feats = model.encode(torch.randn(6, 3, 112, 112)).feats.detach()
+    tf = model(None, caps, feats=feats)  # gradients on
+    with torch.no_grad():
+        prep, h, c = model.decoder.prepare(feats)
+        steps = []
+        for t in range(caps.shape[1] - 1):
+            out = model.decoder.step(caps[:, t], h, c, prep)
+            h, c = out.h, out.c
+            steps.append(out)
+    torch.testing.assert_close(tf.alphas.detach(), torch.stack([s.alpha for s in steps], 1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tf.logits.detach(), torch.stack([s.logits for s in steps], 1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tf.betas.detach(), torch.stack([s.beta for s in steps], 1))

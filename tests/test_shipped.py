@@ -43,13 +43,13 @@ def test_shipped_checkpoint_gives_the_recorded_captions(name, images):
     assert list(golden["beam1"]) == list(images)
     tensors = torch.stack([preprocess(im, loaded.preprocess)[0] for im in images.values()])
     for beam in (1, 3):
-        hyps = beam_search(loaded.model, tensors, loaded.vocab, DecodeConfig(beam_size=beam, max_len=20))
+        hyps = beam_search(loaded.model, tensors, loaded.vocab, DecodeConfig(beam_size=beam, max_len=20, precision="fp32"))
         for key, hyp in zip(images, hyps):
             want = golden[f"beam{beam}"][key]
             assert hyp[0].tokens == want["tokens"], (name, beam, key)
             assert hyp[0].logprob == pytest.approx(want["logprob"], abs=2e-3)
-    session = DecodeSession(loaded.model, loaded.vocab, tensors[0], DecodeConfig(beam_size=1, max_len=20))
+    session = DecodeSession(loaded.model, loaded.vocab, tensors[0], DecodeConfig(beam_size=1, max_len=20, precision="fp32"))
     session.run()
     assert [s.token for s in session.steps] == golden["session_first"]
-    scored = score_caption(loaded.model, loaded.vocab, tensors[0], "a red square")
+    scored = score_caption(loaded.model, loaded.vocab, tensors[0], "a red square", precision="fp32")
     assert scored.logprobs.tolist() == pytest.approx(golden["score_first"], abs=2e-3)

@@ -18,7 +18,7 @@ from explorer import resources as res
 from explorer.components import text
 from explorer.components.figures import draw_alpha
 from explorer.components.images import draw_crop_view
-from explorer.components.text import draw_domain_warning, draw_help
+from explorer.components.text import draw_domain_warning, draw_help, draw_references
 from explorer.guards import beams, need_image, need_model
 from explorer.maps import MapSettings
 from explorer.resources import PreparedImage
@@ -74,13 +74,14 @@ def main() -> None:
         m3.metric("mean word probability", f"{confidence:.3f}")
         if image.uploaded:
             try:
-                check = res.domain_check(image.key, ctx.world_dir, image.original)
-            except SatError:  # no gallery to compare with: say nothing rather than guess
+                check = res.domain_check(image.key, ctx.ckpt_key, ctx.source, loaded, image.original)
+            except SatError:  # no statistics and no gallery to compare with: say nothing rather than guess
                 check = None
             if check is not None and check.far:
-                draw_domain_warning(check.reasons, confidence)
+                draw_domain_warning(check.reasons, check.source, confidence)
         st.markdown(f"**The beam's {len(hyps)} hypotheses** (beam size {ctx.decode.beam_size})")
         draw_beam_table(hyps)
+        draw_references(image.references)
     words = maps.step_words(best.words, len(best.alphas))
     st.subheader("Where the model looked for each word")
     strip = maps.strip(image.crop, words, best.alphas, best.grid, ctx.maps)

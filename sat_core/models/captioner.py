@@ -65,20 +65,9 @@ class Captioner(nn.Module):
             p = self.config.hard.mix_soft_prob
             draw = torch.rand(B, generator=generator, device="cpu" if generator is None else generator.device)
             sample = (draw >= p).to(captions.device)  # (B,)
-        logits, alphas, betas, log_p = [], [], [], []
-        for t in range(T):
-            out = self.decoder.step(captions[:, t], h, c, prep, sample=sample, generator=generator)
-            h, c = out.h, out.c
-            logits.append(out.logits)
-            alphas.append(out.alpha)
-            betas.append(out.beta)
-            log_p.append(out.log_p_loc)
+        logits, alphas, betas, log_p = self.decoder.teacher_forced(
+            captions[:, :T], h, c, prep, sample=sample, generator=generator
+        )  # (B, T, V), (B, T, L), (B, T), (B, T)
         if sample is None:
             sample = torch.zeros(B, dtype=torch.bool, device=captions.device)
-        return TeacherForced(
-            torch.stack(logits, 1),  # (B, T, V)
-            torch.stack(alphas, 1),  # (B, T, L)
-            torch.stack(betas, 1),  # (B, T)
-            torch.stack(log_p, 1),  # (B, T)
-            sample,
-        )
+        return TeacherForced(logits, alphas, betas, log_p, sample)
