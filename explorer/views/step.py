@@ -40,7 +40,7 @@ def draw_controls(session: DecodeSession) -> None:
 def draw_force(view: StepView) -> None:
     """Pick another word of the top-k for the current step; decoding continues from it."""
     others = [w for w in view.top_words if w != view.word] or view.top_words
-    c1, c2 = st.columns([3, 1])
+    c1, c2 = st.columns([2, 1], vertical_alignment="bottom")
     c1.selectbox(f"Force a different word at step {view.index + 1}", others, key="force_choice")
     # The callback reads the choice when clicked (args bound now would hold the previous run's value).
     c2.button("Force word", key="force_button", on_click=lambda: stepping.force(st.session_state["force_choice"]),
@@ -68,8 +68,9 @@ def draw_step(ctx: Context, image: PreparedImage, session: DecodeSession, hard: 
     left, right = st.columns([3, 2])
     with left:
         st.markdown(f"**α at step {view.index + 1}** (word “{view.word}”) — hover a cell for its exact value")
+        scale = maps.colour_scale(image.crop.shape[0], session.alphas, session.grid, ctx.maps, t=view.index)
         draw_alpha(overlay_for_step(image, session, ctx.maps, with_masks), view.alpha, key="step_alpha",
-                   location=view.location if hard else None,
+                   location=view.location if hard else None, scale=scale,
                    location_label="sampled location" if ctx.decode.hard_mode == "sample" else "argmax α")
         c = image.crop_info
         st.caption(crop_note(c.box, c.original_size, c.image_size))
@@ -94,7 +95,8 @@ def draw_coverage(image: PreparedImage, session: DecodeSession, settings: MapSet
     alphas = session.alphas  # (T, L)
     overlay, cover = maps.coverage_overlay(image.crop, alphas, session.grid, settings)
     st.markdown(f"**Coverage Σ_t α_t over the first {len(alphas)} steps** (max {cover.max():.2f})")
-    draw_alpha(overlay, cover, key="step_coverage", value_name="Σα", height=300)
+    scale = maps.coverage_scale(image.crop.shape[0], cover, session.grid, settings)
+    draw_alpha(overlay, cover, key="step_coverage", value_name="Σα", height=300, scale=scale)
 
 
 def draw_view(ctx: Context, image: PreparedImage, loaded, timer: float | None) -> None:
