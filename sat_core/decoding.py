@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from sat_core.config import DecodeConfig
 from sat_core.errors import SatError
