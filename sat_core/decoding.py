@@ -256,10 +256,20 @@ def _top_log_probs(model: Captioner, out, banned: list[int], n_top: int) -> tupl
     found on the bf16 logits, then re-scored exactly (``Decoder.exact_logits``), and the softmax's
     normaliser uses the exact values for them and the bf16 ones for the rest of the vocabulary.
     """
-    masked = out.logits.clone()  # (N, V)
-    masked[:, banned] = -float("inf")
-    top, words = masked.topk(n_top, dim=1)  # (N, T)
-    return words, _exact_log_probs(model, out, words).masked_fill(top == -float("inf"), -float("inf"))
+    inf = float("inf")
+    bf16 = out.logits.dtype != torch.float32
+    logits = out.logits.float() if bf16 else out.logits.clone()  # (N, V) fp32, our own copy
+    held = logits[:, banned]  # (N, b) banned ids still count in the normaliser
+    logits[:, banned] = -inf
+    top, words = logits.topk(n_top, dim=1)  # (N, T)
+    if bf16:
+        top_exact = model.decoder.exact_logits(out.deep_out, words)  # (N, T) fp32
+        logits.scatter_(1, words, -inf)  # every other word, as bf16 gave it
+        parts = [logits, held, top_exact]
+    else:
+        top_exact, parts = top, [logits, held]
+    norm = torch.logsumexp(torch.cat([torch.logsumexp(x, 1, keepdim=True) for x in parts], 1), 1, keepdim=True)
+    return words, (top_exact - norm).masked_fill(top == -inf, -inf)
 
 
 def _exact_log_probs(model: Captioner, out, words: torch.Tensor) -> torch.Tensor:
