@@ -77,7 +77,7 @@ def _image_ui(settings: ServerSettings, loaded) -> tuple:
     st.sidebar.subheader("Image")
     gallery, gallery_error = None, None
     try:
-        gallery = res.load_gallery(str(settings.world_dir))
+        gallery = res.load_gallery(settings.source)
     except SatError as err:
         gallery_error = str(err)
     state.keep_choice("source", ["Gallery scene", "Upload"])
@@ -95,8 +95,8 @@ def _image_ui(settings: ServerSettings, loaded) -> tuple:
         if gallery is None:
             return gallery, gallery_error, None, gallery_error, None
         state.keep_choice("scene", gallery.ids)
-        scene = st.sidebar.selectbox("Scene", gallery.ids, key="scene", format_func=lambda i: f"Scene {i}",
-                                     help=f"From the {gallery.note}")
+        scene = st.sidebar.selectbox(f"Image ({len(gallery.ids)})", gallery.ids, key="scene", format_func=gallery.name,
+                                     help=f"From {gallery.note}")
         record = gallery.by_id[scene]
         source = (f"scene:{scene}:{record.path}", record.path.name, str(record.path), record)
         return gallery, gallery_error, res.prepare_image(source[0], preprocess, *source[1:]), None, source

@@ -28,6 +28,8 @@ URL_WIDGETS: dict[str, Callable[[str], Any]] = {
     "hard_mode": str, "seed": int, "method": str, "sigma": float, "norm": str, "opacity": float,
     "cmap": str, "coverage": lambda v: _BOOL[v.lower()], "masks": lambda v: _BOOL[v.lower()],
 }
+URL_WIDGETS.update({"closer_word": int, "err_labels": lambda v: [x for x in v.split(",") if x], "err_sort": str})
+PAGE_DEFAULTS = {"closer_word": 0, "err_sort": "CIDEr ↑ (worst first)"}  # not applied up front: pages own them
 _DECODE = DecodeConfig()
 DECODE_WIDGETS = {"beam": "beam_size", "maxlen": "max_len", "hard_mode": "hard_mode", "seed": "seed"}
 DEFAULTS: dict[str, Any] = {
@@ -75,11 +77,16 @@ def current_params() -> dict[str, str]:
     out: dict[str, str] = {}
     for key in URL_WIDGETS:
         value = st.session_state.get(key)
-        if value is None or value == DEFAULTS.get(key):
+        if value is None or value == DEFAULTS.get(key, PAGE_DEFAULTS.get(key)):
             continue
         if key == "scene" and st.session_state.get("source") == "Upload":
             continue
-        out[key] = str(int(value)) if isinstance(value, bool) else str(value)
+        if isinstance(value, (list, tuple)):
+            if not value:
+                continue
+            out[key] = ",".join(map(str, value))
+        else:
+            out[key] = str(int(value)) if isinstance(value, bool) else str(value)
     if st.session_state.get(STEP):
         out["step"] = str(st.session_state[STEP])
     if st.session_state.get(FORCED):
@@ -149,8 +156,9 @@ class Context:
         return stamp(self.loaded.path) if self.loaded is not None else ""
 
     @property
-    def world_dir(self) -> str:
-        return str(self.settings.world_dir)
+    def source(self):
+        """The dataset every page reads (explorer.settings.DataSource)."""
+        return self.settings.source
 
 
 def set_context(ctx: Context) -> None:

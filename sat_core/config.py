@@ -217,6 +217,8 @@ class OptimConfig(Config):
     patience: int = option(3, "epochs without a better validation BLEU-4 before stopping; 0: never", low=0)
     max_minutes: float = option(0.0, "stop before an epoch that would end past this training time; 0: no limit",
                                 low=0.0)
+    select_metric: str = option("bleu4", "validation metric that picks best/ and drives early stopping",
+                                choices=("bleu4", "cider"))
     save_every: int = option(200, "optimizer steps between resumable checkpoints (and every epoch end); 0: epochs only",
                              low=0)
 
@@ -239,6 +241,7 @@ class TrainConfig(Config):
                             choices=("auto", "fp32", "bf16"))
     channels_last: bool = option(True, "channels-last encoder inputs, CUDA only")
     progress: bool = option(True, "progress bars")
+    allow_random_encoder: bool = option(False, "allow a frozen vgg/resnet encoder without pretrained weights")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":

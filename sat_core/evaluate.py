@@ -15,11 +15,14 @@ gated (soft) models. This module is the one place evaluation records are compute
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import math
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +33,7 @@ from sat_core import alpha
 from sat_core.caption_errors import WordStats, check_against_references
 from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint
 from sat_core.io import write_json_atomic
+from sat_core.precision import resolve
 from sat_core.config import DecodeConfig
 from sat_core.data import ImageRecord, KarpathyData, load_karpathy
 from sat_core.decoding import Hypothesis, beam_search, pick_device
@@ -41,6 +45,9 @@ from sat_core.regions import mask_on_alpha_grid
 # "a" is an article as much as a count, and "two" names two objects.
 NAMING_KINDS = ("shape", "colour", "size")
 WORD_KINDS = ("shape", "colour", "size", "count", "relation", "function")
+
+
+Progress = Callable[[int, int], None]  # (images done, images in all)
 
 
 @dataclass
@@ -62,8 +69,11 @@ def decode_images(
     cfg: DecodeConfig,
     *,
     batch_size: int = 32,
+    progress: Progress | None = None,
 ) -> tuple[list[Decoded], list[str]]:
-    """Free-running decoding of ``data.images[i]`` for each index, in batches; returns (decoded, skipped)."""
+    """Free-running decoding of ``data.images[i]`` for each index, in batches; returns (decoded, skipped).
+
+    ``progress(done, total)`` is called after each batch (a progress bar in the CLI or the app)."""
     decoded, skipped = [], []
     for start in range(0, len(indices), batch_size):
         tensors, kept = [], []
@@ -80,6 +90,8 @@ def decode_images(
         beams = beam_search(loaded.model, torch.stack(tensors), loaded.vocab, cfg)  # (B, 3, S, S) -> B lists
         for (i, crop), hyps in zip(kept, beams):
             decoded.append(Decoded(i, data.images[i], hyps[0], crop))
+        if progress is not None:
+            progress(min(start + batch_size, len(indices)), len(indices))
     if not decoded:
         raise DatasetError(
             f"None of the {len(indices)} images to evaluate could be read "
@@ -247,12 +259,14 @@ def evaluate_images(
     *,
     meteor: bool = True,
     batch_size: int = 32,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Decode ``data.images[i]`` for each index and compute every evaluation figure and record."""
-    decoded, skipped = decode_images(loaded, data, indices, cfg, batch_size=batch_size)
+    decoded, skipped = decode_images(loaded, data, indices, cfg, batch_size=batch_size, progress=progress)
     scored = score_decoded(decoded, gated=bool(loaded.model.decoder.gated), stats=word_stats(loaded, data),
                            meteor=meteor)
-    return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len,
+    precision = resolve(next(loaded.model.parameters()).device, cfg.precision)
+    return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len, "precision": precision,
             "n_images": len(decoded), "skipped": skipped, **scored}
 
 
@@ -265,10 +279,28 @@ def evaluate(
     limit: int | None = None,
     meteor: bool = True,
     batch_size: int = 32,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Decode a split (or its first ``limit`` images) and compute every evaluation figure."""
     indices = _split_indices(data, split, limit)
-    return {"split": split, **evaluate_images(loaded, data, indices, cfg, meteor=meteor, batch_size=batch_size)}
+    return {"split": split, "dataset": str(data.json_path),
+            **evaluate_images(loaded, data, indices, cfg, meteor=meteor, batch_size=batch_size, progress=progress)}
+
+
+def read_records(path: str | Path) -> dict[str, Any]:
+    """Records written by this module in either of its formats: ``--records`` (a list of records) or
+    ``--out`` / a checkpoint's ``eval_records.json`` (an object holding ``records``)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatasetError(f"{path} is not a readable records JSON file ({exc}).") from None
+    if isinstance(doc, list):
+        doc = {"records": doc}
+    records = doc.get("records") if isinstance(doc, dict) else None
+    if not isinstance(records, list) or not all(isinstance(r, dict) and "image_id" in r for r in records):
+        raise DatasetError(f"{path} holds no evaluation records (a list of objects with image_id, as written "
+                           "by python -m sat_core.evaluate --records).")
+    return doc
 
 
 # ---- command line ---------------------------------------------------------------------------------
@@ -299,6 +331,19 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+@contextlib.contextmanager
+def _progress_bar():
+    """A tqdm bar on a terminal's stderr, fed by ``decode_images``' progress callback."""
+    from tqdm import tqdm
+
+    with tqdm(unit="image", desc="decoding", disable=not sys.stderr.isatty(), leave=False) as bar:
+        def update(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        yield update
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sat_core.evaluate", description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (model.safetensors + config.json)")
@@ -312,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-meteor", action="store_true", help="skip METEOR (its JVM takes ~12 s to start)")
     p.add_argument("--out", required=True, help="where to write the metrics JSON")
     p.add_argument("--records", help="also write the per-image records to this JSON file")
+    p.add_argument("--card", action="store_true",
+                   help="also write metrics.json, eval_records.json and MODEL_CARD.md into the checkpoint folder")
     return p
 
 
@@ -325,11 +372,16 @@ def main(argv: list[str] | None = None) -> int:
         data = load_karpathy(args.data, args.images)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            result = evaluate(loaded, data, args.split, cfg, limit=args.limit, meteor=not args.no_meteor,
-                              batch_size=args.batch_size)
+            with _progress_bar() as progress:
+                result = evaluate(loaded, data, args.split, cfg, limit=args.limit, meteor=not args.no_meteor,
+                                  batch_size=args.batch_size, progress=progress)
         write_json_atomic(args.out, result)
         if args.records:
             write_json_atomic(args.records, result["records"])
+        if args.card:
+            from sat_core.card import write_card
+
+            written = write_card(loaded, result)
     except (SatError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -339,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped: {message}", file=sys.stderr)
     print("\n".join(summary_lines(result)))
     print(f"wrote {args.out}" + (f" and {args.records}" if args.records else ""))
+    if args.card:
+        print(f"wrote {', '.join(written)} into {loaded.path}")
     return 0
 
 

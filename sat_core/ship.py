@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
+from sat_core import card
 from sat_core import checkpoint as ckpt
 from sat_core.config import DecodeConfig, TrainConfig
 from sat_core.data import load_karpathy
 from sat_core.errors import SatError
-from sat_core.precision import resolve
 
 PRESETS = Path(__file__).parent / "presets"
 WORLD = {"train": 8000, "val": 400, "test": 500, "seed": 0}
@@ -79,25 +79,29 @@ def training_summary(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def package(name: str, cfg: TrainConfig, beam: int, out_root: Path) -> dict[str, Any]:
-    """Evaluate ``best/`` on the test split and write the shipped checkpoint folder."""
+def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage: bool = False) -> dict[str, Any]:
+    """Evaluate ``best/`` of the run (or, with ``repackage``, the shipped checkpoint itself) on the test
+    split and write the shipped checkpoint folder: card, metrics, records, example figure."""
     from sat_core.evaluate import evaluate
 
-    run_dir = Path(cfg.out)
-    loaded = ckpt.load_checkpoint(run_dir / "best")
+    target = out_root / name
+    loaded = ckpt.load_checkpoint(target if repackage else Path(cfg.out) / "best")
     data = load_karpathy(cfg.data.dataset, cfg.data.images)
     result = evaluate(loaded, data, "test", dataclasses.replace(cfg.val, beam_size=beam))
-    result["precision"] = resolve(next(loaded.model.parameters()).device, cfg.val.precision)
-    summary = training_summary(run_dir)
+    summary = (loaded.metrics or {}).get("training") if repackage else training_summary(Path(cfg.out))
+    if not summary:
+        raise SatError(f"{target} has no training summary in its metrics; rebuild it without --repackage.")
     records = result.pop("records")
     metrics = {**result, "training": summary}
-    target = out_root / name
     figure = example_figure(loaded, data)
+    stored = loaded.config.get("training", {})
+    stats = {} if "domain" in stored else card.training_statistics(data)  # checkpoints from before they were kept
+    training = {**stored, **stats, "preset": f"world_{name}.json", **summary, "train_config": cfg.to_dict()}
+    card_text = model_card(name, cfg, {**loaded.config, "training": training}, metrics)
     ckpt.save_checkpoint(
         target, loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
-        preprocess=loaded.preprocess, training={"preset": f"world_{name}.json", **summary,
-                                                "train_config": cfg.to_dict()},
-        metrics=metrics, dtype=torch.float16, model_card=model_card(name, cfg, metrics),
+        preprocess=loaded.preprocess, training=training,
+        metrics=metrics, dtype=torch.float16, model_card=card_text,
         extra_json={"eval_records.json": {"split": "test", "beam": beam, "records": records}},
     )
     (target / "example.png").write_bytes(figure)
@@ -132,18 +136,10 @@ def _encoder_minutes(cfg: TrainConfig) -> str:
     return f"{sum(e['seconds'] for e in json.loads(meta.read_text())['log']) / 60:.1f}"
 
 
-def _figure(value: float | int | None) -> str:
-    """A card figure: counts (words, regions, images) as integers, scores to three decimals."""
-    if value is None:
-        return "n/a"
-    return str(value) if isinstance(value, int) else f"{value:.3f}"
-
-
-def model_card(name: str, cfg: TrainConfig, metrics: dict[str, Any]) -> str:
-    corpus, grounded, att, tr = metrics["corpus"], metrics.get("grounded", {}), metrics.get("attention", {}), metrics["training"]
-    lines = [
-        f"# SAT Explorer — `{name}` ({cfg.model.attention} attention)",
-        "",
+def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dict[str, Any]) -> str:
+    """The generic card (sat_core.card) with what only the shipped world models can say about themselves."""
+    tr = metrics["training"]
+    about = [
         "Show, Attend and Tell (Xu et al., 2015) trained on the embedded synthetic world "
         "(`python -m sat_core.world`): 112×112 scenes of 1–4 coloured shapes on textured backgrounds, "
         "five grammar-generated captions per image. **It has never seen a photograph**: captions of "
@@ -165,16 +161,8 @@ def model_card(name: str, cfg: TrainConfig, metrics: dict[str, Any]) -> str:
         f"at epoch {tr['best_epoch']}. Weights stored in fp16.",
         f"- Precision (`--precision`): training {tr.get('precision', 'fp32')}, test-split decoding "
         f"{metrics.get('precision', 'fp32')}.",
-        "",
-        f"## Test split ({metrics['n_images']} images, beam {metrics['beam']})",
-        "| metric | value |",
-        "| --- | --- |",
     ]
-    lines += [f"| {k} | {_figure(v)} |" for k, v in corpus.items()]
-    lines += [f"| grounded {k} | {_figure(v)} |" for k, v in grounded.items() if isinstance(v, (int, float))]
-    lines += [f"| attention {k} | {_figure(v)} |" for k, v in att.items() if isinstance(v, (int, float))]
-    lines += ["", "Produced by `sat_core.evaluate`; `eval_records.json` holds the per-image records."]
-    return "\n".join(lines) + "\n"
+    return card.model_card(name, config, metrics, about=about)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=["soft", "hard"])
     p.add_argument("--skip-train", action="store_true", help="package the existing run directory")
+    p.add_argument("--repackage", action="store_true",
+                   help="re-evaluate the shipped checkpoint itself (no run directory, no training) and rewrite its "
+                        "card, metrics, records and example figure")
     p.add_argument("--beam", type=int, default=DecodeConfig().beam_size, help="beam size of the test-split evaluation")
     p.add_argument("--out", type=Path, default=Path("checkpoints"))
     args = p.parse_args(argv)
@@ -189,10 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = TrainConfig.from_dict(json.loads(preset.read_text()))
         ensure_world(cfg)
-        ensure_encoder(cfg)
-        if not args.skip_train:
+        if not args.repackage:
+            ensure_encoder(cfg)
+        if not (args.skip_train or args.repackage):
             train(preset)
-        metrics = package(args.name, cfg, args.beam, args.out)
+        metrics = package(args.name, cfg, args.beam, args.out, repackage=args.repackage)
     except SatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

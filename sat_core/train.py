@@ -24,6 +24,8 @@ import torch
 
 from sat_core import checkpoint as ckpt
 from sat_core import cli
+from sat_core.card import training_statistics
+from sat_core.train_checks import check_config, check_resume
 from sat_core.flatstate import flatten_state, unflatten_state
 from sat_core.io import read_tensors, write_json_atomic
 from sat_core.config import ModelConfig, PreprocessConfig, TrainConfig
@@ -37,6 +39,8 @@ from sat_core.precision import autocast, resolve
 from sat_core.vocab import Vocab
 
 STATE_TENSORS, STATE_JSON = "state.safetensors", "state.json"
+SELECT_KEYS = {"bleu4": "BLEU-4", "cider": "CIDEr"}  # --select-metric -> caption_metrics key
+SAMPLES = 2  # validation captions printed after each epoch
 
 
 class Interrupted(Exception):
@@ -76,10 +80,13 @@ def parse_config(argv: list[str] | None) -> tuple[TrainConfig, str | None]:
         values = _read_json(Path(args.resume) / "train_config.json", "--resume")
     elif args.config:
         values = _read_json(Path(args.config), "--config")
-    values = TrainConfig.from_dict(values).to_dict()  # flat (older) files become nested first
-    cfg = TrainConfig.from_dict(cli.apply(values, cli.given(args, TrainConfig())))
+    saved = TrainConfig.from_dict(values)  # flat (older) files become nested first
+    cfg = TrainConfig.from_dict(cli.apply(saved.to_dict(), cli.given(args, TrainConfig())))
     if not args.resume and (not cfg.data.dataset or not cfg.data.images):
         raise SatError("Give --data DATASET.json and --images DIR (or a --config file that sets them).")
+    if args.resume:
+        check_resume(saved, cfg)
+    check_config(cfg)
     return cfg, args.resume
 
 
@@ -102,8 +109,10 @@ class Trainer:
         self.device = self._setup_device()
         self.main_process = self.rank == 0
         self.stop_signal: int | None = None
-        self._load_data(resume)
-        self._build_model()
+        self._read_dataset(resume)  # the JSON and the vocabulary: seconds
+        self._build_model()  # encoder weights are found (or refused) before any image is decoded
+        self._decode_images()
+        self.features = self._feature_cache()
         self.epoch, self.batch_in_epoch, self.step = 0, 0, 0
         self.best, self.bad_epochs = -1.0, 0
         self.baseline = MovingBaseline(cfg.model.hard.baseline_decay)
@@ -128,7 +137,7 @@ class Trainer:
             return torch.device("cpu")
         return pick_device(self.cfg.device)
 
-    def _load_data(self, resume: str | None) -> None:
+    def _read_dataset(self, resume: str | None) -> None:
         cfg = self.cfg
         if resume:
             _require_state(Path(resume) / "last")  # before the slow part: decoding every image
@@ -139,6 +148,15 @@ class Trainer:
             self.vocab = Vocab.from_dict(config["vocab"])
         else:
             self.vocab = build_vocab(self.data, min_count=cfg.data.min_word_count, max_size=cfg.data.max_vocab)
+        if self.main_process:
+            counts = self.data.split_counts
+            captions = sum(len(self.data.images[i].sentences) for i in self.data.split("train"))
+            print(f"data: {Path(cfg.data.dataset).name}: train {counts.get('train', 0)} images ({captions} captions), "
+                  f"{cfg.data.val_split} {counts.get(cfg.data.val_split, 0)}, test {counts.get('test', 0)}; "
+                  f"vocabulary {len(self.vocab)} words (min count {cfg.data.min_word_count})", flush=True)
+
+    def _decode_images(self) -> None:
+        cfg = self.cfg
         store = ImageStore(self.data, self.preprocess, splits=("train", cfg.data.val_split),
                            progress=cfg.progress and self.main_process)
         self.store = store
@@ -146,6 +164,8 @@ class Trainer:
         self.loader = make_loader(self.train_set, cfg.data.batch_size, shuffle=True, seed=cfg.seed,
                                   num_replicas=self.world, rank=self.rank, by_image=cfg.data.batching == "image")
         self.val_images = EvalImages(self.data, cfg.data.val_split, store, batch_size=64)
+        # Kept in every checkpoint: the explorer's out-of-domain check and the error labels' word kinds.
+        self.training_stats = training_statistics(self.data) if self.main_process else {}
         if cfg.data.val_images:
             self.val_images.image_ids = self.val_images.image_ids[: cfg.data.val_images]
 
@@ -168,7 +188,6 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         opt = torch.optim.Adam if cfg.optim.optimizer == "adam" else torch.optim.RMSprop
         self.optimizer = opt(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-        self.features = self._feature_cache()
         self.precision = resolve(self.device, cfg.precision)
         if self.world > 1:
             # DDP copies rank 0's initial weights; from here each rank draws its own dropout masks
@@ -298,6 +317,7 @@ class Trainer:
             for i, hyp in zip(ids, results):
                 hyps[i] = hyp[0].caption
                 refs[i] = [" ".join(s) for s in self.val_images.references(i)]
+        self.samples = [(hyps[i], refs[i][0]) for i in list(hyps)[:SAMPLES]]  # shown on the console
         report = caption_metrics(refs, hyps, meteor=False)
         return report.corpus
 
@@ -322,7 +342,7 @@ class Trainer:
 
     def _save_model(self, directory: Path, metrics: dict | None = None, **extra: Any) -> None:
         training = {"train_config": self.cfg.to_dict(), "epoch": self.epoch, "step": self.step,
-                    "dataset": str(self.cfg.data.dataset)}
+                    "dataset": str(self.cfg.data.dataset), **self.training_stats}
         ckpt.save_checkpoint(directory, self.model, model_config=self.model_config, vocab=self.vocab,
                              preprocess=self.preprocess, training=training, metrics=metrics, **extra)
 
@@ -370,35 +390,35 @@ class Trainer:
             epoch_started = time.perf_counter()
             stats = self.train_one_epoch()
             val = self.validate() if self.main_process else {}
-            bleu4 = self._from_rank0(val.get("BLEU-4", 0.0))  # only rank 0 validates
-            improved = bleu4 > self.best
-            self.best = max(self.best, bleu4)
+            score = self._from_rank0(val.get(SELECT_KEYS[cfg.optim.select_metric], 0.0))  # only rank 0 validates
+            improved = score > self.best
+            self.best = max(self.best, score)
             self.bad_epochs = 0 if improved else self.bad_epochs + 1
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             if self.main_process:
                 self._log({"epoch": self.epoch, "step": self.step, **stats, "precision": self.precision,
                            "baseline": self.baseline.value,
-                           "val": val, "best_bleu4": self.best})
+                           "val": val, self._best_key: self.best})
                 if improved:
                     self._save_model(self.run_dir / "best", metrics={f"val_{k}": v for k, v in val.items()})
             self.save_last()
             self._barrier()
             epoch_s = time.perf_counter() - epoch_started
             if cfg.optim.patience and self.bad_epochs >= cfg.optim.patience:
-                self._log({"event": "early_stop", "epoch": self.epoch, "best_bleu4": self.best})
+                self._log({"event": "early_stop", "epoch": self.epoch, self._best_key: self.best})
                 break
-        return {"epochs": self.epoch, "best_bleu4": self.best, "run_dir": str(self.run_dir)}
+        return {"epochs": self.epoch, self._best_key: self.best, "run_dir": str(self.run_dir)}
+
+    @property
+    def _best_key(self) -> str:
+        return f"best_{self.cfg.optim.select_metric}"
 
     def _log(self, record: dict[str, Any]) -> None:
         if not self.main_process:
             return
         with open(self.run_dir / "log.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
-        if "val" in record:
-            v = record["val"]
-            print(f"epoch {record['epoch']}: loss {record['loss']:.3f}  nll {record['nll']:.3f}  "
-                  f"{record['captions_per_s']:.0f} captions/s ({record['precision']})  val BLEU-4 {v.get('BLEU-4', 0):.4f}  "
-                  f"CIDEr {v.get('CIDEr', 0):.3f}", flush=True)
+        print(_console_line(record, self.cfg, getattr(self, "samples", [])), flush=True)
 
     def _from_rank0(self, value: float) -> float:
         """Rank 0's value on every rank: a decision to stop must agree, or the other ranks hang in DDP."""
@@ -452,6 +472,25 @@ def _recover_swap(last: Path) -> None:
             os.rename(max(found, key=position), last)
         except OSError:
             pass  # another DDP rank put it back first
+
+
+def _console_line(record: dict[str, Any], cfg: TrainConfig, samples: list[tuple[str, str]]) -> str:
+    """What a person watching the run reads: the loss by term, validation, samples, why it stopped."""
+    metric = SELECT_KEYS[cfg.optim.select_metric]
+    best = record.get(f"best_{cfg.optim.select_metric}", 0.0)
+    if record.get("event") == "early_stop":
+        return (f"early stop after epoch {record['epoch']}: no better validation {metric} for "
+                f"{cfg.optim.patience} epochs (best {best:.4f})")
+    if record.get("event") == "time_budget":
+        return (f"stopped before epoch {record['epoch'] + 1}: it would end past --max-minutes "
+                f"{cfg.optim.max_minutes:g} ({record['minutes']:.1f} min spent)")
+    v = record["val"]
+    terms = f"nll {record['nll']:.3f}  dsa {record['dsa']:.3f}  reinforce {record['reinforce']:.3f}  entropy {record['entropy']:.3f}"
+    lines = [f"epoch {record['epoch']}: loss {record['loss']:.3f} ({terms})  {record['captions_per_s']:.0f} captions/s "
+             f"({record['precision']})  val BLEU-4 {v.get('BLEU-4', 0):.4f}  CIDEr {v.get('CIDEr', 0):.3f}  "
+             f"best {metric} {best:.4f}"]
+    lines += [f"  sample: {hyp or '(empty)'}  |  reference: {ref}" for hyp, ref in samples]
+    return "\n".join(lines)
 
 
 def _numpy_state() -> list[Any]:

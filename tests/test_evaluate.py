@@ -126,7 +126,7 @@ def test_evaluate_images_equals_evaluate_on_the_same_images(checkpoint, world_da
     loaded = load_checkpoint(checkpoint)
     picked = evaluate_images(loaded, data, data.split("test")[:5], CFG, meteor=False)
     split = evaluate(loaded, data, "test", CFG, limit=5, meteor=False)
-    assert split.pop("split") == "test" and picked == split
+    assert split.pop("split") == "test" and split.pop("dataset") == str(data.json_path) and picked == split
     assert [r["image_id"] for r in picked["records"]] == [data.images[i].id for i in data.split("test")[:5]]
 
 
@@ -255,18 +255,3 @@ def test_cli_user_errors_exit_2(checkpoint, world_data, tmp_path, capsys, change
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "m.json").exists()
-
-
-def test_model_card_prints_counts_as_integers(result):
-    from sat_core.config import TrainConfig
-    from sat_core.ship import model_card
-
-    training = {"epochs": 1, "train_minutes": 0.1, "captions_per_s": 10.0, "best_epoch": 1, "best_val_bleu4": 0.1}
-    cfg = TrainConfig(encoder_weights="/nonexistent/encoder.safetensors")  # ship's cards name a pretrained encoder
-    card = model_card("soft", cfg, {**json.loads(json.dumps(result)), "training": training})  # as read back from disk
-    a = result["attention"]
-    assert "| attention regions | 196 |" in card and f"| attention n_words | {a['n_words']} |" in card
-    assert f"| attention n_grounded_words | {a['n_grounded_words']} |" in card
-    assert f"| grounded n | {N_TEST} |" in card
-    assert f"| attention correctness | {a['correctness']:.3f} |" in card
-    assert f"| CIDEr | {result['corpus']['CIDEr']:.3f} |" in card

@@ -72,12 +72,13 @@ class AppServer:
     """``streamlit run explorer/app.py`` on 127.0.0.1 as a child process; a context manager."""
 
     def __init__(self, *, checkpoints: Sequence[Path | str] = (), world: Path | str | None = None,
-                 env: Mapping[str, str] | None = None, log: Path | None = None, startup_timeout: float = 180.0):
+                 env: Mapping[str, str] | None = None, log: Path | None = None, startup_timeout: float = 180.0,
+                 prefix: Sequence[str] = ()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(log) if log is not None else None
         self.startup_timeout = startup_timeout
-        self.command = [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "explorer" / "app.py"),
+        self.command = [*prefix, sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "explorer" / "app.py"),
                         "--server.headless", "true", "--server.address", "127.0.0.1",
                         "--server.port", str(self.port), "--server.fileWatcherType", "none",
                         "--browser.gatherUsageStats", "false"]
