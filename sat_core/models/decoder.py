@@ -47,6 +47,7 @@ class StepOut:
     log_p_loc: torch.Tensor  # (N,) log p(s_t | a) for sampled rows, 0 elsewhere
     h: torch.Tensor  # (N, n)
     c: torch.Tensor  # (N, n)
+    deep_out: torch.Tensor  # (N, m) what L_o reads (after dropout): exact re-scoring of bf16 logits
 
 
 class Decoder(nn.Module):
@@ -125,9 +126,21 @@ class Decoder(nn.Module):
         x = torch.cat([emb.to(context.dtype), context], dim=1)  # (N, m + D)
         gates = F.linear(x, lstm.weight_ih, lstm.bias_ih).float() + F.linear(h, lstm.weight_hh, lstm.bias_hh)  # (N, 4n)
         h, c = self._lstm(gates, h, c)
-        out = emb + self.L_h(h) + self.L_z(context) if self.deep_output else h  # (N, m) or (N, n)
-        logits = self.L_o(self.dropout(out))  # (N, V)
-        return StepOut(logits, alpha, beta, location, log_p_loc, h, c)
+        out = self.dropout(emb + self.L_h(h) + self.L_z(context) if self.deep_output else h)  # (N, m) or (N, n)
+        logits = self.L_o(out)  # (N, V)
+        return StepOut(logits, alpha, beta, location, log_p_loc, h, c, out)
+
+    def exact_logits(self, deep_out: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of chosen words (N, W) from ``StepOut.deep_out``, whatever the autocast.
+
+        ``deep_out`` is (N, m), or (N, n) for a model without the deep output layer.
+
+        bf16 rounds a logit of 10 by up to 0.03, enough to swap near-tied captions; beam search finds
+        its candidates on the bf16 logits and re-scores these few exactly.
+        """
+        W = self.L_o.weight.float()[words]  # (N, W, m)
+        # Elementwise product and sum: matmul would run in bf16 again under autocast.
+        return (W * deep_out.float().unsqueeze(1)).sum(2) + self.L_o.bias.float()[words]  # (N, W)
 
     def teacher_forced(
         self,
