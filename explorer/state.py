@@ -110,6 +110,9 @@ def set_pending(**values: Any) -> None:
 def apply_pending() -> None:
     """Pending values, then defaults for widgets not set yet (widgets are drawn without defaults,
     so a value from the URL or from another page never conflicts with one)."""
+    for key in URL_WIDGETS:  # owned by the session, not the widget: a page switch cannot clean them up
+        if key in st.session_state:
+            st.session_state[key] = st.session_state[key]
     for key, value in st.session_state.pop("_pending", {}).items():
         st.session_state[key] = value
     for key, value in DEFAULTS.items():
