@@ -243,7 +243,8 @@ class TrainConfig(Config):
     val: DecodeConfig = section(lambda: DecodeConfig(beam_size=1, max_len=24), "decoding for validation",
                                 prefix="val_")
     out: str = option("runs/run", "run directory: last/, best/, log.jsonl, train_config.json")
-    encoder_weights: str = option("", "small encoder pretrained by sat_core.pretrain (then frozen)")
+    encoder_weights: str = option("", "encoder weights file: the small encoder's from sat_core.pretrain, or a "
+                                  "local copy of torchvision's ImageNet weights for vgg19/resnet (then frozen)")
     seed: int = option(0, "seed of initialisation, shuffling, dropout and hard samples", low=0)
     device: str = option("auto", "auto | cpu | cuda[:N]")
     precision: str = option("auto", "auto | fp32 | bf16 for training steps; auto: bf16 on CUDA and on CPUs with "

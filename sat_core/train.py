@@ -34,7 +34,7 @@ from sat_core.decoding import beam_search, pick_device
 from sat_core.errors import SatError
 from sat_core.losses import MovingBaseline, caption_loss
 from sat_core.models.captioner import Captioner
-from sat_core.models.encoder import FEATURE_DIMS
+from sat_core.models.encoder import FEATURE_DIMS, load_torchvision_weights
 from sat_core.precision import autocast, resolve
 from sat_core.vocab import Vocab
 
@@ -173,7 +173,9 @@ class Trainer:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         self.model_config = model_config(cfg, len(self.vocab))
-        self.model = Captioner(self.model_config)
+        local = bool(cfg.encoder_weights) and cfg.model.encoder != "small"  # ImageNet weights from a file
+        self.model = Captioner(dataclasses.replace(self.model_config, pretrained=False) if local
+                               else self.model_config)
         if cfg.encoder_weights:
             self._load_encoder(Path(cfg.encoder_weights))
         self.model.to(self.device)
@@ -196,7 +198,8 @@ class Trainer:
 
     def _load_encoder(self, path: Path) -> None:
         if self.cfg.model.encoder != "small":
-            raise SatError("--encoder-weights is for the small encoder; vgg19/resnet101 use --pretrained.")
+            load_torchvision_weights(self.model.encoder, self.cfg.model.encoder, path)
+            return
         tensors, _meta = read_tensors(path)
         try:
             self.model.encoder.load_state_dict(tensors)

@@ -81,9 +81,37 @@ def test_resnet_grid_is_not_upsampled():
 
 
 def test_missing_pretrained_weights_fail_fast_with_instructions(tmp_path, monkeypatch):
+    from urllib.error import URLError
+
+    def offline(url, **kwargs):
+        raise URLError("name resolution failed")
+
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    with pytest.raises(SatError, match="download .* and copy the file"):
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    with pytest.raises(SatError, match=r"could not be downloaded .*\(name resolution failed\).* copy it to"):
         Encoder(ModelConfig(encoder="vgg19", feature_dim=512, vocab_size=10, pretrained=True))
+
+
+def test_pretrained_weights_are_downloaded_into_the_cache_when_the_machine_can(tmp_path, monkeypatch):
+    import torchvision
+
+    torch.manual_seed(5)
+    reference = torchvision.models.resnet18().state_dict()
+    fetched = []
+
+    def download(url, **kwargs):  # what torch.hub does with a reachable URL: the file lands in the cache
+        target = tmp_path / "hub" / "checkpoints" / url.rsplit("/", 1)[-1]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(reference, target)
+        fetched.append(url)
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", download)
+    encoder = Encoder(ModelConfig(encoder="resnet18", feature_dim=512, vocab_size=10, pretrained=True))
+    assert fetched == ["https://download.pytorch.org/models/resnet18-f37072fd.pth"]
+    assert torch.equal(encoder.body[0].weight, reference["conv1.weight"])
+    Encoder(ModelConfig(encoder="resnet18", feature_dim=512, vocab_size=10, pretrained=True))
+    assert len(fetched) == 1  # the second time it comes from the cache
 
 
 def test_bad_config_is_refused():

@@ -82,3 +82,60 @@ def test_the_console_tells_sizes_loss_terms_samples_and_why_it_stopped(tiny_data
     assert "early stop after epoch 2: no better validation CIDEr for 1 epochs" in out
     result = json.loads(out.strip().splitlines()[-1])
     assert "best_cider" in result and result["epochs"] == 2
+
+
+def _resnet18_file(path, seed: int = 0):
+    """A stand-in for torchvision's resnet18 ImageNet file: the whole classifier's state dict."""
+    import torch
+    import torchvision
+
+    torch.manual_seed(seed)
+    state = torchvision.models.resnet18().state_dict()
+    torch.save(state, path)
+    return state
+
+
+def test_unreachable_imagenet_weights_are_reported_at_start_up(tiny_data, tmp_path, capsys, no_decoding,
+                                                                monkeypatch):
+    from urllib.error import URLError
+
+    import torch
+
+    def offline(url, **kwargs):
+        raise URLError("no route to host")
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    data, images = tiny_data
+    err = _refused(train_args(data, images, tmp_path / "run", "--encoder", "resnet18", "--pretrained",
+                              "--image-size", "64"), capsys)
+    assert "could not be downloaded from https://download.pytorch.org/models/resnet18" in err
+    assert "no route to host" in err and "--encoder-weights FILE" in err
+
+
+def test_a_local_imagenet_file_is_the_frozen_encoder_of_the_trained_model(tiny_data, tmp_path):
+    import torch
+
+    from sat_core.checkpoint import load_checkpoint
+
+    data, images = tiny_data
+    state = _resnet18_file(tmp_path / "resnet18-local.pth", seed=3)
+    run = tmp_path / "run"
+    assert train.main(train_args(data, images, run, "--encoder", "resnet18", "--encoder-weights",
+                                 str(tmp_path / "resnet18-local.pth"), "--image-size", "64", "--epochs", "1",
+                                 "--no-progress")) == 0
+    loaded = load_checkpoint(run / "last")
+    body = loaded.model.encoder.body
+    assert torch.equal(body[0].weight, state["conv1.weight"])  # conv1, then bn1 … layer4
+    assert torch.equal(body[7][1].conv2.weight, state["layer4.1.conv2.weight"])
+    assert loaded.model_config.encoder == "resnet18" and not loaded.model.encoder.trainable
+
+
+def test_a_weights_file_of_another_network_is_refused_before_decoding(tiny_data, tmp_path, capsys, no_decoding):
+    import torch
+
+    torch.save({"conv.weight": torch.zeros(2, 2)}, tmp_path / "other.pth")
+    data, images = tiny_data
+    err = _refused(train_args(data, images, tmp_path / "run", "--encoder", "resnet18", "--encoder-weights",
+                              str(tmp_path / "other.pth"), "--image-size", "64"), capsys)
+    assert "is not torchvision's resnet18 ImageNet state dict" in err and "resnet18-f37072fd.pth" in err

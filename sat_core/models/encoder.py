@@ -4,7 +4,8 @@
 (conv5_4 before the last pool: 14×14×512 at 224 px); ``resnet101`` reports its true 7×7×2048 grid at
 224 px (never upsampled); resnet18/34/50/152 are there for converted checkpoints (sat_core.convert).
 ``pool_grid`` > 0 average-pools the grid to a fixed side, as sgrvinod's tutorial does (14×14).
-Pretrained ImageNet weights come from the local torch cache only.
+Pretrained ImageNet weights come from the torch cache (downloaded there when the machine can reach
+download.pytorch.org) or from a local file (``load_torchvision_weights``, the trainer's --encoder-weights).
 """
 
 from __future__ import annotations
@@ -71,32 +72,69 @@ class SmallCNN(nn.Module):
         return self.stages[-1](x)  # (B, D, H/stride, W/stride)
 
 
-def _pretrained_weights(name: str):
-    """The torchvision ImageNet weights enum, only if its file is already in the torch cache."""
+def _weights_enum(name: str):
     import torchvision.models as tvm
 
     enum = tvm.VGG19_Weights if name == "vgg19" else getattr(tvm, f"ResNet{name.removeprefix('resnet')}_Weights")
-    weights = enum.IMAGENET1K_V1
+    return enum.IMAGENET1K_V1
+
+
+def _pretrained_weights(name: str):
+    """The torchvision ImageNet weights enum, its file in the torch cache: downloaded there if it is missing
+    and the machine can reach download.pytorch.org; SatError with what to do if it cannot."""
+    from urllib.error import URLError
+
+    weights = _weights_enum(name)
     cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
-    if not cached.is_file():
+    if cached.is_file():
+        return weights
+    try:
+        torch.hub.load_state_dict_from_url(weights.url, progress=True, check_hash=True)  # into the cache
+    except (URLError, OSError, RuntimeError) as exc:
+        reason = getattr(exc, "reason", exc)
         raise SatError(
-            f"Pretrained {name} weights are not in the local torch cache ({cached}), and this machine "
-            f"cannot download them. On a machine with internet, download {weights.url} and copy the file "
-            f"to {cached} (or set TORCH_HOME to a folder holding checkpoints/{cached.name}); "
-            "or train without --pretrained."
-        )
+            f"Pretrained {name} weights are not in the local torch cache ({cached}) and could not be "
+            f"downloaded from {weights.url} ({reason}). On a machine with internet, download that file and "
+            f"either copy it to {cached} (or set TORCH_HOME to a folder holding checkpoints/{cached.name}) or "
+            "give it with --encoder-weights FILE; or train without --pretrained."
+        ) from None
     return weights
 
 
-def _torchvision_body(name: str, pretrained: bool) -> nn.Module:
+def _torchvision_net(name: str, weights=None) -> nn.Module:
     import torchvision.models as tvm
 
-    weights = _pretrained_weights(name) if pretrained else None
+    return tvm.vgg19(weights=weights) if name == "vgg19" else getattr(tvm, name)(weights=weights)
+
+
+def _body_of(name: str, net: nn.Module) -> nn.Module:
     if name == "vgg19":
         # features[-1] is the last max-pool: dropping it leaves conv5_4 + ReLU (14×14 at 224 px).
-        return tvm.vgg19(weights=weights).features[:-1]
-    net = getattr(tvm, name)(weights=weights)  # resnet18 … resnet152
-    return nn.Sequential(*list(net.children())[:-2])  # drop avgpool and fc
+        return net.features[:-1]
+    return nn.Sequential(*list(net.children())[:-2])  # resnet18 … resnet152: drop avgpool and fc
+
+
+def _torchvision_body(name: str, pretrained: bool) -> nn.Module:
+    return _body_of(name, _torchvision_net(name, _pretrained_weights(name) if pretrained else None))
+
+
+def load_torchvision_weights(encoder: "Encoder", name: str, path: Path) -> None:
+    """A local copy of torchvision's ImageNet weights (the whole classifier's state dict, as torchvision
+    downloads it: .pth read with ``weights_only=True``, or .safetensors) into a vgg19/resnet encoder."""
+    from sat_core.io import read_tensors
+
+    try:
+        if path.suffix == ".safetensors":
+            state, _meta = read_tensors(path)
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        net = _torchvision_net(name)
+        net.load_state_dict(state)
+    except (RuntimeError, OSError, ValueError, AttributeError, SatError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SatError(f"--encoder-weights {path} is not torchvision's {name} ImageNet state dict ({first}). "
+                       f"Give the file {_weights_enum(name).url} points to (or its .safetensors copy).") from None
+    encoder.body.load_state_dict(_body_of(name, net).state_dict())
 
 
 class Encoder(nn.Module):
