@@ -38,6 +38,9 @@ def records_table(records: list[dict], gallery: Gallery | None) -> pd.DataFrame:
     } for r in records])
 
 
+SCORES = ("CIDEr", "BLEU-4", "attention correctness", "attention_correctness")  # shown to three decimals
+
+
 def _first_wrong(record: dict) -> str:
     index = record.get("first_error")
     tokens = record.get("tokens") or []
@@ -118,7 +121,9 @@ def main() -> None:
     st.markdown(f"**{len(table)} images match.** Select a row to open its image in *Step through*, stopped at "
                 "its first wrong word.")
     event = st.dataframe(table, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row",
-                         key="err_table", column_config={"image": st.column_config.ImageColumn("image", width="small")})
+                         key="err_table", column_config={
+                             "image": st.column_config.ImageColumn("image", width="small"),
+                             **{name: st.column_config.NumberColumn(name, format="%.3f") for name in SCORES}})
     by_id = {r["image_id"]: r for r in records}
     rows = event.selection.rows if event is not None and hasattr(event, "selection") else []
     if rows:
@@ -131,7 +136,9 @@ def main() -> None:
         open_in_step(by_id[chosen])
     write_url()  # the filters are part of the link
     st.subheader("Metrics per slice")
-    st.dataframe(pd.DataFrame(slice_metrics(records)), hide_index=True, width="stretch")
+    slices = pd.DataFrame(slice_metrics(records)).dropna(axis=1, how="all")  # no grounding: no correctness column
+    st.dataframe(slices, hide_index=True, width="stretch",
+                 column_config={name: st.column_config.NumberColumn(name, format="%.3f") for name in SCORES})
     st.subheader("Attention correctness per word type")
     words = word_type_correctness(records)
     if words:
