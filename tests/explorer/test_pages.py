@@ -55,37 +55,6 @@ def test_soft_vs_hard_side_by_side_with_seeded_samples(explorer_env):
     assert any(f"step 2:" in str(c.proto.spec) for c in at.get("plotly_chart"))
 
 
-def test_score_a_typed_caption_flags_unknown_words(explorer_env):
-    scene = explorer_env.test_ids()[0]
-    at = open_page("score")
-    at.selectbox(key="score_ref").set_value("(type your own)").run()
-    loaded, tensor = tensor_for(explorer_env, "soft", scene)
-    known = [w for w in loaded.vocab.itos[4:7]]
-    text = " ".join([*known, "zorblax"])
-    at.text_input(key="score_text").set_value(text).run()
-    warnings = [w.value for w in at.warning]
-    assert warnings and "zorblax" in warnings[0], warnings
-    scored = score_caption(loaded.model, loaded.vocab, tensor, text)
-    table = at.dataframe[0].value
-    assert list(table["word"]) == [*known, "<unk>", "<end>"]
-    np.testing.assert_allclose(table["log p"], np.round(scored.logprobs, 3))
-    assert list(table["known"]) == [True, True, True, False, True]
-    assert any(f"**log p = {scored.logprob:.2f}**" in m.value for m in at.markdown)
-
-
-def test_score_a_reference_next_to_the_models_decode(explorer_env):
-    scene = explorer_env.test_ids()[0]
-    at = open_page("score")
-    reference = at.selectbox(key="score_ref").options[1]
-    at.selectbox(key="score_ref").set_value(reference).run()
-    loaded, tensor = tensor_for(explorer_env, "soft", scene)
-    expected = score_caption(loaded.model, loaded.vocab, tensor, reference)
-    assert list(at.dataframe[0].value["word"]) == [*reference.split(), "<end>"]
-    own = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, DecodeConfig())[0][0]
-    assert any(m.value == f"#### The model's decode: {own.caption}" for m in at.markdown)
-    assert any(f"log p {expected.logprob:.2f} vs" in m.value for m in at.markdown)
-
-
 def test_look_elsewhere_decodes_with_the_region_removed(explorer_env):
     scene = explorer_env.test_ids()[0]
     at = open_page("elsewhere")
