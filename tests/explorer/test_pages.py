@@ -28,33 +28,6 @@ def open_page(page: str, params=None):
     return at
 
 
-def test_soft_vs_hard_side_by_side_with_seeded_samples(explorer_env):
-    scene = explorer_env.test_ids()[0]
-    at = open_page("compare")
-    # The shipped checkpoints/ may be listed too: pick the tiny test checkpoints explicitly.
-    at.selectbox(key="cmp_soft").set_value("tiny-soft")
-    at.selectbox(key="cmp_hard").set_value("tiny-hard").run()
-    assert at.selectbox(key="cmp_soft").value == "tiny-soft" and at.selectbox(key="cmp_hard").value == "tiny-hard"
-    headers = [m.value for m in at.markdown if m.value.startswith("#### ")]
-    assert headers == ["#### tiny-soft · soft attention", "#### tiny-hard · hard attention"]
-    captions = [m.value for m in at.markdown if m.value.startswith("**Caption:**")]
-    for attention, shown in zip(("soft", "hard"), captions):
-        loaded, tensor = tensor_for(explorer_env, attention, scene)
-        hyp = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, DecodeConfig(beam_size=1))[0][0]
-        assert shown.replace("<mark>**", "").replace("**</mark>", "") == f"**Caption:** {hyp.caption}"
-    assert any("argmax α: row" in c.value for c in at.caption)  # the hard side marks a location
-    loaded, tensor = tensor_for(explorer_env, "hard", scene)
-    expected = sample_hard(loaded.model, loaded.vocab, tensor, 5, seed=0, cfg=DecodeConfig(beam_size=1))
-    table = at.dataframe[0].value
-    assert list(table["caption"]) == [h.caption for h in expected]
-    at.number_input(key="cmp_n").set_value(3)
-    at.number_input(key="cmp_seed").set_value(7).run()
-    assert len(at.dataframe[0].value) == 3
-    assert any("(seed 7)" in c.value for c in at.caption)
-    at.slider(key="cmp_step").set_value(2).run()
-    assert any(f"step 2:" in str(c.proto.spec) for c in at.get("plotly_chart"))
-
-
 def test_look_elsewhere_decodes_with_the_region_removed(explorer_env):
     scene = explorer_env.test_ids()[0]
     at = open_page("elsewhere")
