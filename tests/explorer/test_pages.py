@@ -28,35 +28,6 @@ def open_page(page: str, params=None):
     return at
 
 
-def test_look_elsewhere_decodes_with_the_region_removed(explorer_env):
-    scene = explorer_env.test_ids()[0]
-    at = open_page("elsewhere")
-    at.radio(key="ew_how").set_value("Rectangle of grid cells").run()
-    at.slider(key="ew_rows").set_value((0, 13))
-    at.slider(key="ew_cols").set_value((0, 6))
-    at.radio(key="ew_mode").set_value("include").run()
-    loaded, tensor = tensor_for(explorer_env, "soft", scene)
-    region = grid_region((14, 14), range(0, 14), range(0, 7))
-    cfg = DecodeConfig()
-    original = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, cfg)[0][0]
-    changed = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, cfg,
-                          intervention=Intervention(region, "include"))[0][0]
-    captions = [m.value for m in at.markdown if m.value.startswith("**Caption:**")]
-    assert captions == [f"**Caption:** {original.caption}", f"**Caption:** {changed.caption}"]
-    assert any("98 of 196 cells chosen" in c.value for c in at.caption)
-    verdict = "did not change" if original.words == changed.words else "The caption changed"
-    assert any(verdict in m.value for m in at.markdown)
-
-
-def test_look_elsewhere_by_ground_truth_object(explorer_env):
-    at = open_page("elsewhere")
-    at.radio(key="ew_how").set_value("Ground-truth object").run()
-    labels = at.selectbox(key="ew_object").options
-    scene = next(e for e in explorer_env.dataset["images"] if e["imgid"] == explorer_env.test_ids()[0])
-    assert labels == [f"{o['id']}: {o['size']} {o['colour']} {o['shape']}" for o in scene["objects"]]
-    assert not at.error
-
-
 def _evaluated_gallery(env, at):
     """sat_core.evaluate over the gallery's scenes with the sidebar's decoding settings."""
     from sat_core.data import load_karpathy
