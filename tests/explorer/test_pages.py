@@ -1,4 +1,4 @@
-"""Soft vs hard, score a caption, look elsewhere, error analysis, α display settings."""
+"""Error analysis and α display settings; helpers the page tests share (test_compare, test_score, …)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import os
 import numpy as np
 
 from sat_core.config import DecodeConfig
-from sat_core.decoding import Intervention, beam_search, sample_hard, score_caption
-from sat_core.regions import grid_region
 from sat_core.images import load_image, preprocess
 
 from tests.explorer.conftest import new_app
