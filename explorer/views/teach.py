@@ -56,8 +56,8 @@ def draw_attention(view: StepView, t: int) -> None:
     st.markdown("Every region's annotation vector a_i is scored against the previous hidden state; "
                 "a softmax over the L regions gives the weights α_t.")
     st.latex(r"e_{ti} = f_{\mathrm{att}}(a_i, h_{t-1}), \qquad \alpha_{ti} = \frac{\exp(e_{ti})}{\sum_{k=1}^{L} \exp(e_{tk})}")
-    st.latex(rf"t = {t}:\quad \max_i \alpha_{{ti}} = {s.max:.3f} \text{{ at row {s.argmax[0]}, col {s.argmax[1]}}},"
-             rf"\quad L = {gh} \times {gw} = {gh * gw}, \quad \text{{uniform}} = {1 / (gh * gw):.4f}")
+    st.latex(rf"t = {t}:\quad \max_i \alpha_{{ti}} = {s.max:.3f} \text{{ at row {s.argmax[0]}, col {s.argmax[1]}}}")
+    st.latex(rf"L = {gh} \times {gw} = {gh * gw}, \quad \text{{uniform}}\ \alpha_{{ti}} = 1/L = {1 / (gh * gw):.4f}")
     st.latex(rf"H(\alpha_t) = {s.entropy:.2f}\ \text{{nats}} \;\Rightarrow\; e^{{H}} = {s.effective_regions:.1f}"
              r"\ \text{regions effectively attended}")
 
@@ -83,11 +83,13 @@ def draw_output(view: StepView, t: int) -> None:
     st.subheader("3 · Output: which word")
     st.markdown("The LSTM reads the previous word, its state and the context; the deep output layer turns "
                 "its new state into a distribution over the vocabulary.")
-    st.latex(r"i_t, f_t, o_t = \sigma(\cdot),\; g_t = \tanh(\cdot),\quad c_t = f_t \odot c_{t-1} + i_t \odot g_t,"
-             r"\quad h_t = o_t \odot \tanh(c_t)")
+    st.latex(r"i_t, f_t, o_t = \sigma(\cdot),\quad g_t = \tanh(\cdot)")
+    st.latex(r"c_t = f_t \odot c_{t-1} + i_t \odot g_t,\quad h_t = o_t \odot \tanh(c_t)")
     st.latex(r"p(y_t \mid a, y_{<t}) \propto \exp\!\big(L_o(E y_{t-1} + L_h h_t + L_z \hat z_t)\big)")
-    terms = r",\quad ".join(rf"p({_tex_word(w)}) = {p:.3f}" for w, p in zip(view.top_words[:4], view.top_probs[:4]))
-    st.latex(rf"t = {t}:\quad {terms}")
+    terms = [rf"p({_tex_word(w)}) = {p:.3f}" for w, p in zip(view.top_words[:4], view.top_probs[:4])]
+    st.latex(rf"t = {t}:\quad " + r",\quad ".join(terms[:2]))
+    if terms[2:]:
+        st.latex(r",\quad ".join(terms[2:]))
     st.latex(rf"\text{{chosen}}: {_tex_word(view.word)},\quad \log p = {view.logprob:.3f}"
              + (r"\ \text{(forced)}" if view.forced else ""))
 
@@ -111,10 +113,10 @@ def draw_penalty(session: DecodeSession, lam: float | None, hard: bool) -> None:
                     "receive about one unit of attention over the whole caption"
                     + (f" (this checkpoint: λ = {lam:g})." if lam is not None else "."))
         st.latex(r"L_d = -\log p(y \mid a) + \lambda \sum_{i=1}^{L} \Big(1 - \sum_t \alpha_{ti}\Big)^2")
-    st.latex(rf"\text{{over the {plural(T, 'step')} so far}}:\quad \sum_i \Big(1 - \sum_t \alpha_{{ti}}\Big)^2 = "
-             rf"{value:.2f} \;=\; {per_region:.3f}\ \text{{per region}}")
-    st.latex(rf"\text{{uniform attention for {plural(T, 'step')}}}\ (\alpha_{{ti}} = 1/{L}):\quad "
-             rf"{L} \Big(1 - \tfrac{{{T}}}{{{L}}}\Big)^2 = {uniform:.2f} \;=\; {uniform / L:.3f}\ \text{{per region}}")
+    st.markdown(f"Over the {plural(T, 'step')} so far:")
+    st.latex(rf"\sum_i \Big(1 - \sum_t \alpha_{{ti}}\Big)^2 = {value:.2f} \;=\; {per_region:.3f}\ \text{{per region}}")
+    st.markdown(f"Under uniform attention for {plural(T, 'step')} (α_ti = 1/{L}, every region gets {T}/{L}):")
+    st.latex(rf"{L} \Big(1 - \tfrac{{{T}}}{{{L}}}\Big)^2 = {uniform:.2f} \;=\; {uniform / L:.3f}\ \text{{per region}}")
     st.caption(f"0 would mean every region received exactly one unit of attention; with {plural(T, 'step')} and "
                f"{L} regions even uniform attention gives {uniform:.2f}, so compare the two numbers, not either with 0.")
 
@@ -123,18 +125,20 @@ def draw_hard_objective(hard: HardAttentionConfig, view: StepView) -> None:
     st.markdown("Hard attention maximises a lower bound on log p(y | a), averaged over sampled locations "
                 "s̃ ~ Multinoulli(α); its gradient is estimated with REINFORCE:")
     st.latex(r"L_s = \sum_s p(s \mid a) \log p(y \mid s, a) \;\le\; \log p(y \mid a)")
-    st.latex(r"\frac{\partial L_s}{\partial W} \approx \frac{1}{N} \sum_{n=1}^{N} \Big[\frac{\partial \log p(y \mid \tilde s^n, a)}"
-             r"{\partial W} + \lambda_r \big(\log p(y \mid \tilde s^n, a) - b\big) \frac{\partial \log p(\tilde s^n \mid a)}"
-             r"{\partial W} + \lambda_e \frac{\partial H[\tilde s^n]}{\partial W}\Big]")
+    st.latex(r"\begin{aligned}\frac{\partial L_s}{\partial W} \approx \frac{1}{N} \sum_{n=1}^{N} \Big[&"
+             r"\frac{\partial \log p(y \mid \tilde s^n, a)}{\partial W} \\ &+ \lambda_r \big(\log p(y \mid \tilde s^n, a) - b\big)"
+             r"\frac{\partial \log p(\tilde s^n \mid a)}{\partial W} + \lambda_e \frac{\partial H[\tilde s^n]}{\partial W}\Big]"
+             r"\end{aligned}")
     decay = hard.baseline_decay
     st.latex(rf"b_k = {decay:g}\, b_{{k-1}} + {1 - decay:g} \log p(y \mid \tilde s_k, a)")
     off = "" if hard.reinforce else r"\ (\text{off})"
-    st.latex(rf"\text{{this checkpoint}}:\ \lambda_r = {hard.reinforce_weight:g}{off},"
-             rf"\ \lambda_e = {hard.entropy_weight:g},"
-             rf"\ \text{{baseline}}\ {'on' if hard.baseline else 'off'},"
-             rf"\ p(\text{{expectation instead of a sample}}) = {hard.mix_soft_prob:g}")
-    st.latex(rf"\text{{at this step}}:\quad H[\alpha_t] = {alpha_summary(view.alpha).entropy:.2f}\ \text{{nats}}"
-             r"\ \text{(the entropy the bonus rewards)}")
+    st.markdown("This checkpoint was trained with:")
+    st.latex(rf"\lambda_r = {hard.reinforce_weight:g}{off},\quad \lambda_e = {hard.entropy_weight:g},"
+             rf"\quad \text{{baseline {'on' if hard.baseline else 'off'}}}")
+    st.caption(f"With probability {hard.mix_soft_prob:g} an example is trained with the expectation α instead of a "
+               "sample (the paper's stabiliser).")
+    st.markdown("The entropy the bonus rewards, at this step:")
+    st.latex(rf"t = {view.index + 1}:\quad H[\alpha_t] = {alpha_summary(view.alpha).entropy:.2f}\ \text{{nats}}")
 
 
 def main() -> None:
