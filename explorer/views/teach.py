@@ -46,7 +46,7 @@ def draw_picture(ctx: Context, image: PreparedImage, session: DecodeSession, vie
     overlay = maps.overlays(image.crop, session.alphas, view.alpha.shape, ctx.maps)[-1]
     location = view.location if hard and view.location >= 0 else None
     draw_alpha(overlay, view.alpha, key="teach_alpha", location=location,
-               location_label="location s_t", title=f"α at step {view.index + 1}: {view.word}")
+               location_label="sampled location s_t" if ctx.decode.hard_mode == "sample" else "argmax α", title=f"α at step {view.index + 1}: {view.word}")
 
 
 def draw_attention(view: StepView, t: int) -> None:
@@ -62,7 +62,7 @@ def draw_attention(view: StepView, t: int) -> None:
              r"\ \text{regions effectively attended}")
 
 
-def draw_context(view: StepView, t: int, hard: bool) -> None:
+def draw_context(view: StepView, t: int, hard: bool, sampled: bool = False) -> None:
     st.subheader("2 · Context: what is seen")
     if hard:
         st.markdown("Hard attention picks **one** region: the location s_t is sampled with probabilities α_t. "
@@ -70,8 +70,11 @@ def draw_context(view: StepView, t: int, hard: bool) -> None:
                     "sidebar. There is no gate β: the context is the chosen region's vector itself.")
         st.latex(r"p(s_{t,i} = 1 \mid s_{<t}, a) = \alpha_{t,i}, \qquad \hat z_t = \sum_i s_{t,i}\, a_i")
         r, c = divmod(view.location, view.alpha.shape[1]) if view.location >= 0 else (-1, -1)
-        st.latex(rf"t = {t}:\quad s_t = \text{{row {r}, col {c}}},\quad \alpha_{{t,s_t}} = "
+        where = "s_t" if sampled else r"\arg\max_i \alpha_{ti}"
+        st.latex(rf"t = {t}:\quad {where} = \text{{row {r}, col {c}}},\quad \alpha = "
                  rf"{float(view.alpha.reshape(-1)[view.location]) if view.location >= 0 else 0.0:.3f}")
+        if not sampled:
+            st.caption("Nothing is sampled in expectation mode: the cell shown is the argmax of α_t.")
         return
     st.markdown("Soft attention blends all regions by α_t, scaled by the gate β_t, which lets the decoder "
                 "lean on its language model instead of the image.")
@@ -165,7 +168,7 @@ def main() -> None:
         draw_picture(ctx, image, session, view, hard)
     with equations:
         draw_attention(view, t)
-        draw_context(view, t, hard)
+        draw_context(view, t, hard, ctx.decode.hard_mode == "sample")
         draw_output(view, t)
         st.subheader("4 · Training signal: " + ("REINFORCE over sampled locations" if hard else "look everywhere once"))
         if hard:
