@@ -65,3 +65,6 @@ def test_hard_model_shows_reinforce_and_no_gate(explorer_env):
     assert any(s.value == "4 · Training signal: REINFORCE over sampled locations" for s in at.subheader)
     assert any("hard attention is trained without it" in m.value for m in at.markdown)
     assert not any("gate β_t" in m.value for m in at.markdown)
+    assert r"\arg\max_i \alpha_{ti} = \text{row" in text and "s_t = \\text{row" not in text  # nothing sampled
+    sampled = latex(open_teach({"ckpt": "tiny-hard", "hard_mode": "sample", "seed": "2"}))
+    assert r"s_t = \text{row" in sampled
