@@ -102,9 +102,13 @@ def word_table(words: list[str], names: list[str], scored: list[ScoredCaption]) 
     return pd.DataFrame(table)
 
 
-def samples_ui() -> tuple[int, int]:
+def samples_ui(ctx: Context) -> tuple[int, int]:
+    """How many sampled paths, and the ONE seed: the sidebar's when it samples already, else the page's."""
     c1, c2 = st.columns(2)
     n = int(c1.number_input("Sampled paths", 1, 12, key="cmp_n"))
+    if ctx.decode.hard_mode == "sample":
+        c2.caption(f"Seed: the sidebar's sampling seed ({ctx.decode.seed}), which also drew the hard model's caption.")
+        return n, ctx.decode.seed
     seed = int(c2.number_input("Seed", 0, 10_000, key="cmp_seed", help="The same seed gives the same locations."))
     return n, seed
 
@@ -144,7 +148,7 @@ def main() -> None:
     draw_caption(words, t, prefix=f"**Step {t + 1} of {len(words)}:** ")
     if scored[0].unknown:
         st.warning(f"Not in the vocabulary, read as <unk>: {', '.join(dict.fromkeys(scored[0].unknown))}")
-    n, seed = samples_ui() if any(m.model.hard for _, m in models) else (0, 0)
+    n, seed = samples_ui(ctx) if any(m.model.hard for _, m in models) else (0, 0)
     cols = st.columns(2)
     for col, (name, loaded), s in zip(cols, models, scored):
         paths = (res.caption_samples(res.stamp(loaded.path), image_for(ctx, loaded).key, text, n, seed, loaded,

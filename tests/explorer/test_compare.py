@@ -111,3 +111,17 @@ def test_a_link_restores_caption_source_step_and_seed(explorer_env):
     assert again.number_input(key="cmp_seed").value == 4
     assert [m.value for m in again.markdown if m.value.startswith("**Step ")][0].startswith("**Step 3 of 5:**")
     assert charts(again)[0]["layout"]["title"]["text"] == "step 3: “red”"
+
+
+def test_when_the_sidebar_samples_its_seed_is_the_only_one(explorer_env):
+    scene = explorer_env.test_ids()[0]
+    hard, tensor = tensor_for(explorer_env, "hard", scene)
+    at = open_compare({"hard_mode": "sample", "seed": "9"})
+    seeds = [n.key for n in at.number_input]  # main area and sidebar
+    assert seeds.count("seed") == 1 and "cmp_seed" not in seeds
+    caption = " ".join(at.dataframe[0].value["word"][:-1])
+    paths = sample_locations(hard.model, hard.vocab, tensor, caption, 5, seed=9)
+    marks = trace(charts(at)[1], "scatter", "sampled locations")
+    assert sum(k for _, _, k in marks["customdata"]) == 5
+    gw = paths.grid[1]
+    assert Counter({r * gw + c: k for r, c, k in marks["customdata"]}) == Counter(paths.locations[:, 0].tolist())
