@@ -33,6 +33,8 @@ URL_WIDGETS: dict[str, Callable[[str], Any]] = {
     "ew_rows": lambda v: tuple(int(x) for x in v.strip("()").split(",")),
     "ew_cols": lambda v: tuple(int(x) for x in v.strip("()").split(",")),
 }
+URL_WIDGETS.update({"closer_word": int, "err_labels": lambda v: [x for x in v.split(",") if x], "err_sort": str})
+PAGE_DEFAULTS = {"closer_word": 0, "err_sort": "CIDEr ↑ (worst first)"}  # not applied up front: pages own them
 _DECODE = DecodeConfig()
 DECODE_WIDGETS = {"beam": "beam_size", "maxlen": "max_len", "hard_mode": "hard_mode", "seed": "seed"}
 DEFAULTS: dict[str, Any] = {
@@ -81,11 +83,16 @@ def current_params() -> dict[str, str]:
     out: dict[str, str] = {}
     for key in URL_WIDGETS:
         value = st.session_state.get(key)
-        if value is None or value == DEFAULTS.get(key):
+        if value is None or value == DEFAULTS.get(key, PAGE_DEFAULTS.get(key)):
             continue
         if key == "scene" and st.session_state.get("source") == "Upload":
             continue
-        out[key] = str(int(value)) if isinstance(value, bool) else str(value)
+        if isinstance(value, (list, tuple)):
+            if not value:
+                continue
+            out[key] = ",".join(map(str, value))
+        else:
+            out[key] = str(int(value)) if isinstance(value, bool) else str(value)
     if st.session_state.get(STEP):
         out["step"] = str(st.session_state[STEP])
     if st.session_state.get(FORCED):
@@ -109,6 +116,9 @@ def set_pending(**values: Any) -> None:
 def apply_pending() -> None:
     """Pending values, then defaults for widgets not set yet (widgets are drawn without defaults,
     so a value from the URL or from another page never conflicts with one)."""
+    for key in URL_WIDGETS:  # owned by the session, not the widget: a page switch cannot clean them up
+        if key in st.session_state:
+            st.session_state[key] = st.session_state[key]
     for key, value in st.session_state.pop("_pending", {}).items():
         st.session_state[key] = value
     for key, value in DEFAULTS.items():

@@ -142,7 +142,7 @@ class HardAttentionConfig(Config):
                            f"(got {self.baseline_decay} and {self.mix_soft_prob}).")
 
 
-ENCODERS = ("small", "vgg19", "resnet101")
+ENCODERS = ("small", "vgg19", "resnet101", "resnet18", "resnet34", "resnet50", "resnet152")
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,16 @@ class ModelConfig(Config):
                             choices=("soft", "hard"))
     gate: bool = option(True, "the scalar gate β_t = σ(f_β(h_{t−1})) (soft attention)")
     dropout: float = option(0.5, "dropout before the output layer", low=0.0)
+    # Variants of the paper's model, for checkpoints converted from other implementations
+    # (sat_core.convert); the defaults are the paper's model.
+    pool_grid: int = option(0, "average-pool the CNN's grid to pool_grid × pool_grid; 0: keep its own grid",
+                            low=0)
+    gate_size: str = option("scalar", "β_t: one scalar per step (the paper) or one per feature, size D",
+                            choices=("scalar", "vector"))
+    deep_output: bool = option(True, "the deep output layer L_o(E y + L_h h + L_z ẑ); off: logits = L_o h_t")
+    attention_activation: str = option("tanh", "f_att's nonlinearity: w^T act(W_a a_i + W_h h + b)",
+                                       choices=("tanh", "relu"))
+    init_activation: str = option("tanh", "nonlinearity of f_init,h and f_init,c", choices=("tanh", "none"))
     hard: HardAttentionConfig = section(HardAttentionConfig, "hard attention's estimator", prefix="hard_")
 
     def validate(self) -> None:

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from sat_core.config import DecodeConfig
 from sat_core.errors import SatError
@@ -88,13 +87,6 @@ class Intervention:
 def _suppressed(vocab: Vocab, cfg: DecodeConfig) -> list[int]:
     ids = [vocab.pad_id, vocab.start_id]
     return ids + [vocab.unk_id] if cfg.suppress_unk else ids
-
-
-def _log_probs(logits: torch.Tensor, banned: list[int]) -> torch.Tensor:
-    """log_softmax with banned ids set to −inf (not renormalised, so scoring gives the same numbers)."""
-    logp = F.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V), fp32 even from bf16 logits
-    logp[:, banned] = -float("inf")
-    return logp
 
 
 Inputs = torch.Tensor | Annotations  # images (B, 3, H, W), or annotations with their grid
@@ -229,10 +221,16 @@ def _search(model, inputs, device, vocab, cfg, intervention, generator):
         trace.alphas.append(out.alpha)
         trace.betas.append(out.beta)
         trace.locations.append(out.location)
-        cand = _log_probs(out.logits, banned).add_(scores.view(n, 1)).view(len(active), k * V)  # (B', k·V)
-        top_scores, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (B', 2K)
+        # An image's 2K best candidates are among each row's 2K best words (a row's score is a constant).
+        n_top = min(2 * K, V)
+        row_words, logp = _top_log_probs(model, out, banned, n_top)  # (n, T), (n, T)
+        cand = (logp + scores.view(n, 1)).view(len(active), k * n_top)  # (B', k·T)
+        top_scores, top_pos = cand.topk(min(2 * K, k * n_top), dim=1)  # (B', 2K)
+        top_rows = top_pos // n_top + k * torch.arange(len(active), device=device).view(-1, 1)  # (B', 2K)
+        top_words = row_words[top_rows, top_pos % n_top]  # (B', 2K)
         rows, words, new_scores = _select(
-            top_scores.cpu().numpy(), top_idx.cpu().numpy(), K, k, V, vocab.end_id, t, ends, done, active
+            top_scores.cpu().numpy(), top_rows.cpu().numpy(), top_words.cpu().numpy(), K, k, vocab.end_id, t,
+            ends, done, active,
         )
         live = ~done[active]  # (B',)
         if not live.any():
@@ -252,7 +250,41 @@ def _search(model, inputs, device, vocab, cfg, intervention, generator):
     return ends, trace, grid
 
 
-def _select(top_scores, top_idx, K, k, V, end_id, t, ends, done, active):
+def _top_log_probs(model: Captioner, out, banned: list[int], n_top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``n_top`` best words and their fp32 log-probabilities (N, n_top); banned ones −inf.
+
+    Under bf16 the logits carry 3 significant digits, which swaps near-tied captions: the words are
+    found on the bf16 logits, then re-scored exactly (``Decoder.exact_logits``), and the softmax's
+    normaliser uses the exact values for them and the bf16 ones for the rest of the vocabulary.
+    """
+    inf = float("inf")
+    bf16 = out.logits.dtype != torch.float32
+    logits = out.logits.float() if bf16 else out.logits.clone()  # (N, V) fp32, our own copy
+    held = logits[:, banned]  # (N, b) banned ids still count in the normaliser
+    logits[:, banned] = -inf
+    top, words = logits.topk(n_top, dim=1)  # (N, T)
+    if bf16:
+        top_exact = model.decoder.exact_logits(out.deep_out, words)  # (N, T) fp32
+        logits.scatter_(1, words, -inf)  # every other word, as bf16 gave it
+        parts = [logits, held, top_exact]
+    else:
+        top_exact, parts = top, [logits, held]
+    norm = torch.logsumexp(torch.cat([torch.logsumexp(x, 1, keepdim=True) for x in parts], 1), 1, keepdim=True)
+    return words, (top_exact - norm).masked_fill(top == -inf, -inf)
+
+
+def _exact_log_probs(model: Captioner, out, words: torch.Tensor) -> torch.Tensor:
+    """fp32 log p of ``words`` (N, W) under one step's distribution (not renormalised for banned ids)."""
+    logits = out.logits  # (N, V)
+    if logits.dtype == torch.float32:
+        return logits.gather(1, words) - torch.logsumexp(logits, dim=1, keepdim=True)
+    exact = model.decoder.exact_logits(out.deep_out, words)  # (N, W) fp32
+    rest = logits.float().scatter_(1, words, -float("inf"))  # (N, V) every other word, as bf16 gave it
+    norm = torch.logaddexp(torch.logsumexp(rest, 1, keepdim=True), torch.logsumexp(exact, 1, keepdim=True))
+    return exact - norm
+
+
+def _select(top_scores, top_rows, top_words, K, k, end_id, t, ends, done, active):
     """Beam bookkeeping for one step: finish <end> candidates ranked in the top K, keep K others.
 
     ``k`` is the number of rows per image this step (1 at t = 0, then K); row j of image b is
@@ -269,7 +301,7 @@ def _select(top_scores, top_idx, K, k, V, end_id, t, ends, done, active):
             score = top_scores[b, j]
             if score == -np.inf or kept == K:
                 break
-            row, word = b * k + top_idx[b, j] // V, top_idx[b, j] % V
+            row, word = top_rows[b, j], top_words[b, j]
             if word == end_id:
                 if j < K:
                     ends[image].append((t, int(row), int(word), float(score), True))
@@ -377,9 +409,15 @@ class DecodeSession:
         edit = self.intervention.editor(t, self.device) if self.intervention is not None else None
         with autocast(self.device, self.cfg.precision):
             out = self.model.decoder.step(prev, h, c, self._prep, sample=sample, generator=gen, alpha_edit=edit)
-        logp = _log_probs(out.logits, self._banned)[0]  # (V,)
-        token = int(logp.argmax()) if force is None else self._token(force)
-        top = logp.exp().topk(min(self.top_k, len(self.vocab)))
+        V = len(self.vocab)
+        if force is None:  # the decision beam 1 makes: the best of each row's two best candidates
+            words, logp = _top_log_probs(self.model, out, self._banned, min(2, V))  # (1, 2)
+            token = int(words[0, logp[0].argmax()])
+        else:
+            token = self._token(force)
+        logprob = float(_exact_log_probs(self.model, out, torch.tensor([[token]], device=self.device))[0, 0])
+        shown, shown_logp = _top_log_probs(self.model, out, self._banned, min(self.top_k, V))  # (1, top_k)
+        order = shown_logp[0].argsort(descending=True)
         alpha = out.alpha[0].float()
         location = int(out.location[0])
         if self.model.hard and location < 0:
@@ -388,9 +426,9 @@ class DecodeSession:
             index=t,
             token=token,
             word=self.vocab.itos[token],
-            logprob=float(logp[token]),
-            top_words=[self.vocab.itos[i] for i in top.indices.tolist()],
-            top_probs=top.values.tolist(),
+            logprob=logprob,
+            top_words=[self.vocab.itos[i] for i in shown[0, order].tolist()],
+            top_probs=shown_logp[0, order].exp().tolist(),
             alpha=alpha.cpu().numpy().reshape(self.grid),
             beta=float(out.beta[0]),
             location=location,
@@ -505,7 +543,7 @@ def _teacher_force(model: Captioner, vocab: Vocab, image: torch.Tensor, tokens: 
             edit = intervention.editor(t, device) if intervention is not None else None
             out = model.decoder.step(prev, h, c, prep, sample=sample, generator=gen, alpha_edit=edit)
             h, c = out.h, out.c
-            logps.append(_log_probs(out.logits, [])[:, target[t]])  # (R,)
+            logps.append(_exact_log_probs(model, out, target[t].expand(rows, 1))[:, 0])  # (R,) exact under bf16 too
             alphas.append(out.alpha.float())  # (R, L)
             betas.append(out.beta.float().reshape(rows))
             locations.append(out.location.reshape(rows))

@@ -130,7 +130,9 @@ def test_flags_override_a_config_file_by_path(tmp_path):
     from sat_core.train import parse_config
 
     config = tmp_path / "c.json"
-    config.write_text(LEGACY.read_text())
+    encoder = tmp_path / "encoder.safetensors"  # the trainer checks that the named weights file exists
+    encoder.write_bytes(b"")
+    config.write_text(json.dumps({**json.loads(LEGACY.read_text()), "encoder_weights": str(encoder)}))
     cfg, resume = parse_config(["--config", str(config), "--lr", "0.01", "--hard-entropy-weight", "0.5",
                                 "--val-beam", "2", "--no-gate", "--small-channels", "8", "16"])
     assert resume is None and cfg.optim.lr == 0.01 and cfg.model.hard.entropy_weight == 0.5

@@ -118,3 +118,64 @@ def test_each_encode_call_returns_its_own_grid_across_threads(tiny_model, vocab)
     for side, results in seen.items():
         g = side // 8
         assert results == [((g, g), g * g, (g, g), g * g)] * 4, (side, results)
+
+
+def test_tutorial_variants_shapes_and_training(vocab):
+    """The ModelConfig variants converted checkpoints need: vector gate, no deep output, pooled grid."""
+    torch.manual_seed(0)
+    config = tiny_config(len(vocab), gate_size="vector", deep_output=False, attention_activation="relu",
+                         init_activation="none", pool_grid=5)
+    model = Captioner(config)
+    names = dict(model.named_parameters())
+    assert "decoder.L_h.weight" not in names and "decoder.L_z.weight" not in names
+    assert names["decoder.f_beta.weight"].shape == (16, 32)  # (D, n): one gate per feature
+    assert names["decoder.L_o.weight"].shape == (len(vocab), 32)  # logits = L_o h_t
+    images = torch.randn(2, 3, 112, 112)
+    assert model.encode(images).grid == (5, 5)
+    out = model(images, captions(2, 6, len(vocab)))
+    assert out.logits.shape == (2, 5, len(vocab)) and out.alphas.shape == (2, 5, 25)
+    assert torch.all((out.betas > 0) & (out.betas < 1))
+    out.logits.logsumexp(-1).sum().backward()
+    assert names["decoder.f_beta.weight"].grad.abs().sum() > 0
+
+
+def test_default_model_is_unchanged_and_variants_change_the_computation(vocab):
+    default = tiny_config(len(vocab))
+    names = {k: tuple(v.shape) for k, v in Captioner(default).state_dict().items()}
+    assert names["decoder.f_beta.weight"] == (1, 32) and names["decoder.L_o.weight"] == (len(vocab), 16)
+    assert "decoder.L_h.weight" in names and not any("pool" in k for k in names)
+    images = torch.randn(1, 3, 112, 112)
+
+    def first_step(**variant):
+        torch.manual_seed(0)  # the same weights: only the computation differs
+        model = Captioner(tiny_config(len(vocab), **variant)).eval()
+        with torch.no_grad():
+            prep, h, c = model.decoder.prepare(model.encode(images).feats)
+            out = model.decoder.step(torch.tensor([1]), h, c, prep)
+        return h, out.alpha
+
+    h_tanh, alpha_tanh = first_step()
+    h_none, _ = first_step(init_activation="none")
+    assert torch.equal(torch.tanh(h_none), h_tanh)  # f_init without tanh, same affine map
+    h_relu, alpha_relu = first_step(attention_activation="relu")
+    assert torch.equal(h_relu, h_tanh) and not torch.allclose(alpha_tanh, alpha_relu)
+
+
+def test_tutorial_variants_lean_teacher_forcing_matches_steps(vocab):
+    """Teacher forcing (grad path of attention) and step by step without grad (chunked path) agree."""
+    torch.manual_seed(0)
+    model = Captioner(tiny_config(len(vocab), gate_size="vector", deep_output=False, attention_activation="relu",
+                                  init_activation="none")).eval()
+    caps = captions(6, 5, len(vocab))
+    feats = model.encode(torch.randn(6, 3, 112, 112)).feats.detach()
+    tf = model(None, caps, feats=feats)  # gradients on
+    with torch.no_grad():
+        prep, h, c = model.decoder.prepare(feats)
+        steps = []
+        for t in range(caps.shape[1] - 1):
+            out = model.decoder.step(caps[:, t], h, c, prep)
+            h, c = out.h, out.c
+            steps.append(out)
+    torch.testing.assert_close(tf.alphas.detach(), torch.stack([s.alpha for s in steps], 1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tf.logits.detach(), torch.stack([s.logits for s in steps], 1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tf.betas.detach(), torch.stack([s.beta for s in steps], 1))

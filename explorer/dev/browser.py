@@ -5,6 +5,7 @@ Debian's Chromium through Playwright (no browser download), and waits on Streaml
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -72,12 +73,13 @@ class AppServer:
     """``streamlit run explorer/app.py`` on 127.0.0.1 as a child process; a context manager."""
 
     def __init__(self, *, checkpoints: Sequence[Path | str] = (), world: Path | str | None = None,
-                 env: Mapping[str, str] | None = None, log: Path | None = None, startup_timeout: float = 180.0):
+                 env: Mapping[str, str] | None = None, log: Path | None = None, startup_timeout: float = 180.0,
+                 prefix: Sequence[str] = ()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(log) if log is not None else None
         self.startup_timeout = startup_timeout
-        self.command = [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "explorer" / "app.py"),
+        self.command = [*prefix, sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "explorer" / "app.py"),
                         "--server.headless", "true", "--server.address", "127.0.0.1",
                         "--server.port", str(self.port), "--server.fileWatcherType", "none",
                         "--browser.gatherUsageStats", "false"]
@@ -204,8 +206,32 @@ def go_to(page: Any, title: str, needle: str, timeout_s: float) -> None:
 
 
 def click_button(page: Any, name: str, timeout_s: float) -> None:
-    page.get_by_role("button", name=name, exact=True).first.click()
+    """Click a button by its label (a keyboard-shortcut hint in the label is allowed)."""
+    page.get_by_role("button", name=re.compile("^" + re.escape(name))).first.click()
     wait_idle(page, timeout_s, f"button {name!r}")
+
+
+def click_key(page: Any, key: str, timeout_s: float) -> None:
+    """Click a button by its widget key (Streamlit marks its container with ``st-key-<key>``)."""
+    page.locator(f".st-key-{key} button").first.click()
+    wait_idle(page, timeout_s, f"button {key!r}")
+
+
+def choose_option(page: Any, key: str, option: str | int, timeout_s: float) -> None:
+    """Pick an option of the selectbox with widget key ``key`` (by its text, or its position)."""
+    for _ in range(3):  # a rerun that lands between opening and picking closes the list: open it again
+        wait_idle(page, timeout_s, f"before opening {key!r}")
+        page.locator(f".st-key-{key}").get_by_role("button", name="Open").click()
+        options = page.get_by_role("option")
+        target = options.nth(option) if isinstance(option, int) else options.filter(has_text=option).first
+        try:
+            target.click(timeout=5000)
+            break
+        except Exception:  # noqa: BLE001 - playwright's timeout: try again
+            continue
+    else:
+        raise AssertionError(f"could not choose {option!r} in {key!r}")
+    wait_idle(page, timeout_s, f"choosing {option!r} in {key!r}")
 
 
 def upload(page: Any, name: str, data: bytes, mime: str = "image/png") -> None:

@@ -14,7 +14,7 @@ from explorer import resources as res
 from explorer.components.text import draw_help
 from explorer.guards import need_model
 from explorer.resources import Gallery
-from explorer.state import context, set_pending
+from explorer.state import context, keep_choice, set_pending, write_url
 
 
 def records_table(records: list[dict], gallery: Gallery | None) -> pd.DataFrame:
@@ -47,10 +47,14 @@ def _first_wrong(record: dict) -> str:
 def filter_ui(table: pd.DataFrame) -> pd.DataFrame:
     c1, c2, c3 = st.columns([2, 2, 1])
     present = sorted({label for cell in table["errors"] for label in cell.split(", ") if label != "—"})
+    if "err_labels" in st.session_state:  # from a link: keep the labels this table has
+        st.session_state["err_labels"] = [label for label in st.session_state["err_labels"] if label in present]
     labels = c1.multiselect("Error labels (any of)", present, key="err_labels")
     top = float(max(1.0, table["CIDEr"].max() if len(table) else 1.0))
     low, high = c2.slider("CIDEr range", 0.0, top, (0.0, top), key="err_cider")
-    order = c3.selectbox("Sort by", ["CIDEr ↑ (worst first)", "CIDEr ↓", "image_id"], key="err_sort")
+    orders = ["CIDEr ↑ (worst first)", "CIDEr ↓", "image_id"]
+    keep_choice("err_sort", orders)
+    order = c3.selectbox("Sort by", orders, key="err_sort")
     keep = table["CIDEr"].between(low, high)
     if labels:
         keep &= table["errors"].apply(lambda e: any(label in e.split(", ") for label in labels))
@@ -64,7 +68,7 @@ def open_in_step(record: dict) -> None:
     """Show this record's image in Step through, stopped at its first wrong word (else the whole caption)."""
     set_pending(source="Gallery scene", scene=int(record["image_id"]), masks=True)
     first = record.get("first_error")
-    st.session_state["step"] = first + 1 if first is not None else 99
+    st.session_state["step"] = first + 1 if first is not None else stepping.PLAY_TO_END
     st.session_state["forced"] = {}
     stepping.keep_on_next_change()
     st.switch_page("views/step.py")
@@ -125,6 +129,7 @@ def main() -> None:
                           format_func=lambda i: f"{by_id[i].get('filename') or i} — {by_id[i]['caption']}")
     if c2.button("Open in step-through", key="err_open_button", disabled=chosen is None):
         open_in_step(by_id[chosen])
+    write_url()  # the filters are part of the link
     st.subheader("Metrics per slice")
     st.dataframe(pd.DataFrame(slice_metrics(records)), hide_index=True, width="stretch")
     st.subheader("Attention correctness per word type")

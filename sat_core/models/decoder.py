@@ -1,7 +1,9 @@
 """The LSTM decoder of PAPER.md: init MLPs, attention, gate β, LSTM, deep output layer.
 
 ``step`` is the one decoder step used by training (teacher forcing), beam search, decode sessions,
-caption scoring and interventions alike.
+caption scoring and interventions alike. ModelConfig's ``gate_size``, ``deep_output``,
+``attention_activation`` and ``init_activation`` describe variants (sgrvinod's tutorial: a vector gate,
+logits = L_o h_t, ReLU attention, linear init) so converted checkpoints run here; the defaults are the paper's.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class StepOut:
     log_p_loc: torch.Tensor  # (N,) log p(s_t | a) for sampled rows, 0 elsewhere
     h: torch.Tensor  # (N, n)
     c: torch.Tensor  # (N, n)
+    deep_out: torch.Tensor  # (N, m) what L_o reads (after dropout): exact re-scoring of bf16 logits
 
 
 class Decoder(nn.Module):
@@ -55,16 +58,18 @@ class Decoder(nn.Module):
         # The paper introduces β with soft attention; hard attention's ẑ_t is one region, ungated.
         self.gated = config.gate and not self.hard
         self.embed = nn.Embedding(K, m)  # E
-        self.init_h = nn.Sequential(nn.Linear(D, n), nn.Tanh())  # f_init,h
-        self.init_c = nn.Sequential(nn.Linear(D, n), nn.Tanh())  # f_init,c
-        self.attention = AttentionMLP(D, n, config.attn_dim)  # f_att
-        self.f_beta = nn.Linear(n, 1) if self.gated else None
+        act = nn.Tanh if config.init_activation == "tanh" else nn.Identity
+        self.init_h = nn.Sequential(nn.Linear(D, n), act())  # f_init,h
+        self.init_c = nn.Sequential(nn.Linear(D, n), act())  # f_init,c
+        self.attention = AttentionMLP(D, n, config.attn_dim, config.attention_activation)  # f_att
+        self.f_beta = nn.Linear(n, D if config.gate_size == "vector" else 1) if self.gated else None
         # LSTMCell's gates are an affine map of [input; h_{t−1}] with input = [E y_{t−1}; ẑ_t].
         self.lstm = nn.LSTMCell(m + D, n)
-        self.L_h = nn.Linear(n, m, bias=False)
-        self.L_z = nn.Linear(D, m, bias=False)
+        self.deep_output = config.deep_output
+        self.L_h = nn.Linear(n, m, bias=False) if self.deep_output else None
+        self.L_z = nn.Linear(D, m, bias=False) if self.deep_output else None
         self.dropout = nn.Dropout(config.dropout)
-        self.L_o = nn.Linear(m, K)
+        self.L_o = nn.Linear(m if self.deep_output else n, K)
 
     def prepare(self, feats: torch.Tensor) -> tuple[Prepared, torch.Tensor, torch.Tensor]:
         """Projections for attention and the initial state (h_0, c_0) (B, n) from the mean annotation.
@@ -92,8 +97,9 @@ class Decoder(nn.Module):
             prep.feats, alpha, sample=sample if self.hard else None, generator=generator
         )  # (N, D)
         if self.f_beta is not None:
-            beta = torch.sigmoid(self.f_beta(h).float()).squeeze(1)  # (N,)
-            context = beta.unsqueeze(1).to(context.dtype) * context
+            gate = torch.sigmoid(self.f_beta(h).float())  # (N, 1), or (N, D) for a vector gate
+            context = gate.to(context.dtype) * context
+            beta = gate.mean(dim=1)  # (N,): a vector gate is reported by its mean
         else:
             beta = torch.ones_like(alpha[:, 0])
         return alpha, beta, context, location, log_p_loc
@@ -120,9 +126,21 @@ class Decoder(nn.Module):
         x = torch.cat([emb.to(context.dtype), context], dim=1)  # (N, m + D)
         gates = F.linear(x, lstm.weight_ih, lstm.bias_ih).float() + F.linear(h, lstm.weight_hh, lstm.bias_hh)  # (N, 4n)
         h, c = self._lstm(gates, h, c)
-        out = emb + self.L_h(h) + self.L_z(context)  # (N, m)
-        logits = self.L_o(self.dropout(out))  # (N, V)
-        return StepOut(logits, alpha, beta, location, log_p_loc, h, c)
+        out = self.dropout(emb + self.L_h(h) + self.L_z(context) if self.deep_output else h)  # (N, m) or (N, n)
+        logits = self.L_o(out)  # (N, V)
+        return StepOut(logits, alpha, beta, location, log_p_loc, h, c, out)
+
+    def exact_logits(self, deep_out: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of chosen words (N, W) from ``StepOut.deep_out``, whatever the autocast.
+
+        ``deep_out`` is (N, m), or (N, n) for a model without the deep output layer.
+
+        bf16 rounds a logit of 10 by up to 0.03, enough to swap near-tied captions; beam search finds
+        its candidates on the bf16 logits and re-scores these few exactly.
+        """
+        W = self.L_o.weight.float()[words]  # (N, W, m)
+        # Elementwise product and sum: matmul would run in bf16 again under autocast.
+        return (W * deep_out.float().unsqueeze(1)).sum(2) + self.L_o.bias.float()[words]  # (N, W)
 
     def teacher_forced(
         self,
@@ -158,6 +176,6 @@ class Decoder(nn.Module):
             betas.append(beta)
             log_ps.append(log_p)
         H, Z = torch.stack(hs, 1), torch.stack(contexts, 1)  # (B, T, n), (B, T, D)
-        out = emb + self.L_h(H) + self.L_z(Z)  # (B, T, m)
+        out = emb + self.L_h(H) + self.L_z(Z) if self.deep_output else H  # (B, T, m) or (B, T, n)
         logits = self.L_o(self.dropout(out))  # (B, T, V)
         return logits, torch.stack(alphas, 1), torch.stack(betas, 1), torch.stack(log_ps, 1)

@@ -100,7 +100,7 @@ def page(browser, app_url, request) -> Iterator[Any]:
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_S * 1000)
     page.goto(f"{app_url}/?ckpt=tiny-soft")
-    wait_for_text(page, "Caption:", FIRST_PAGE_S, "the first caption")
+    wait_for_text(page, "log p(caption)", FIRST_PAGE_S, "the first caption")
     yield page
     page.screenshot(path=str(ARTIFACTS / f"{request.node.name}-last.png"))
     context.close()
