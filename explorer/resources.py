@@ -20,7 +20,7 @@ import streamlit as st
 from sat_core.checkpoint import CARD_FILE, CONFIG_FILE, LoadedCheckpoint, load_checkpoint
 from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.data import ImageRecord, KarpathyData, load_karpathy
-from sat_core.decoding import Hypothesis, Intervention, beam_search, sample_hard, score_caption
+from sat_core.decoding import Hypothesis, Intervention, beam_search, sample_hard, sample_locations, score_caption
 from sat_core.domain import DomainCheck, DomainReference
 from sat_core.errors import DatasetError, SatError
 from sat_core.evaluate import read_records
@@ -208,8 +208,17 @@ def decode(ckpt: str, image_key: str, cfg: DecodeConfig, region_key: str, _loade
 
 
 @st.cache_data(max_entries=64, ttl=3600, show_spinner="Scoring…")
-def score(ckpt: str, image_key: str, caption: str, _loaded: LoadedCheckpoint, _tensor: Any):
-    return score_caption(_loaded.model, _loaded.vocab, _tensor, caption)
+def score(ckpt: str, image_key: str, caption: str, _loaded: LoadedCheckpoint, _tensor: Any, region_key: str = "",
+          _intervention: Intervention | None = None):
+    """Teacher forcing of ``caption``; ``region_key`` names the intervention (if any)."""
+    return score_caption(_loaded.model, _loaded.vocab, _tensor, caption, intervention=_intervention)
+
+
+@st.cache_data(max_entries=32, ttl=3600, show_spinner="Sampling locations…")
+def caption_samples(ckpt: str, image_key: str, caption: str, n: int, seed: int, _loaded: LoadedCheckpoint,
+                    _tensor: Any):
+    """N seeded hard-attention location sequences along ``caption``."""
+    return sample_locations(_loaded.model, _loaded.vocab, _tensor, caption, n, seed=seed)
 
 
 @st.cache_data(max_entries=32, ttl=3600, show_spinner="Sampling locations…")

@@ -27,6 +27,11 @@ URL_WIDGETS: dict[str, Callable[[str], Any]] = {
     "ckpt": str, "cmp_soft": str, "cmp_hard": str, "source": str, "scene": int, "beam": int, "maxlen": int,
     "hard_mode": str, "seed": int, "method": str, "sigma": float, "norm": str, "opacity": float,
     "cmap": str, "coverage": lambda v: _BOOL[v.lower()], "masks": lambda v: _BOOL[v.lower()],
+    "cmp_source": str, "cmp_ref": int, "cmp_text": str, "cmp_step": int, "cmp_seed": int, "cmp_n": int,
+    "score_ref": str, "score_text": str,
+    "ew_how": str, "ew_mode": str, "ew_object": int, "ew_cells": str,
+    "ew_rows": lambda v: tuple(int(x) for x in v.strip("()").split(",")),
+    "ew_cols": lambda v: tuple(int(x) for x in v.strip("()").split(",")),
 }
 URL_WIDGETS.update({"closer_word": int, "err_labels": lambda v: [x for x in v.split(",") if x], "err_sort": str})
 PAGE_DEFAULTS = {"closer_word": 0, "err_sort": "CIDEr ↑ (worst first)"}  # not applied up front: pages own them
@@ -36,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "source": "Gallery scene", **{key: getattr(_DECODE, name) for key, name in DECODE_WIDGETS.items()},
     "method": "nearest", "sigma": 0.0, "norm": "word", "opacity": 0.6, "cmap": "viridis",
     "coverage": False, "masks": False,
+    "cmp_source": "soft", "cmp_step": 1, "cmp_seed": 0, "cmp_n": 5, "ew_mode": "exclude",
 }
 STEP, FORCED = "step", "forced"  # plain state of the step-through view
 

@@ -20,6 +20,7 @@ from sat_core.models.decoder import AlphaEdit
 from sat_core.models.encoder import Annotations
 from sat_core.precision import autocast
 from sat_core.vocab import Vocab
+from sat_core.words import caption_words
 
 
 def pick_device(name: str | None = None) -> torch.device:
@@ -505,39 +506,95 @@ class ScoredCaption:
         return float(self.logprobs.sum())
 
 
-@torch.no_grad()
-def score_caption(
-    model: Captioner, vocab: Vocab, image: torch.Tensor, caption: str | Sequence[str] | Sequence[int],
-    *, precision: str = "auto",
-) -> ScoredCaption:
-    """Teacher forcing: per-token log-probabilities, α and β of a given caption (<end> appended)."""
+def _caption_ids(vocab: Vocab, caption: str | Sequence[str] | Sequence[int]) -> tuple[list[int], list[str], list[str]]:
+    """(ids without specials, words as scored, input words not in the vocabulary); typed text loses
+    its punctuation first ("hexagons!" -> "hexagons")."""
     if isinstance(caption, str):
-        if not caption.split():
+        caption = caption_words(caption)
+        if not caption:
             raise SatError("The caption to score is empty; type at least one word.")
-        caption = caption.lower().split()
     caption = list(caption)
     if caption and isinstance(caption[0], (int, np.integer)):
         ids = [int(i) for i in caption if int(i) not in (vocab.start_id, vocab.end_id)]
-        words, unknown = [vocab.itos[i] for i in ids], []
-    else:
-        ids = vocab.encode(caption, add_specials=False)
-        words = [vocab.itos[i] for i in ids]
-        unknown = [w for w in caption if w not in vocab.stoi]
+        return ids, [vocab.itos[i] for i in ids], []
+    ids = vocab.encode(caption, add_specials=False)
+    return ids, [vocab.itos[i] for i in ids], [w for w in caption if w not in vocab.stoi]
+
+
+@torch.no_grad()
+def _teacher_force(model: Captioner, vocab: Vocab, image: torch.Tensor, tokens: list[int], *, rows: int = 1,
+                   seed: int | None = None, intervention: Intervention | None = None, precision: str = "auto"):
+    """Feed ``tokens`` (ending with <end>) through ``step`` for ``rows`` copies of one image.
+
+    ``seed`` set (hard attention): every row samples its own location s_t ~ Multinoulli(α_t).
+    Returns log p (R, T), α (R, T, L), β (R, T), locations (R, T) (−1 when not sampled) and the grid.
+    """
     model.eval()
     device = next(model.parameters()).device
-    tokens = ids + [vocab.end_id]
-    prev, logps, alphas, betas = vocab.start_id, [], [], []
+    sample = torch.ones(rows, dtype=torch.bool, device=device) if seed is not None and model.hard else None
+    gen = torch.Generator(device).manual_seed(seed) if sample is not None else None
+    target = torch.tensor(tokens, device=device)  # (T,)
+    prev = torch.full((rows,), vocab.start_id, device=device)  # (R,)
+    logps, alphas, betas, locations = [], [], [], []
     with autocast(device, precision):
         feats, grid = _encode(model, _as_batch(image), device)
-        prep, h, c = model.decoder.prepare(feats)
-        for tok in tokens:
-            out = model.decoder.step(torch.tensor([prev], device=device), h, c, prep)
+        prep, h, c = model.decoder.prepare(feats.expand(rows, -1, -1))  # (R, L, D): rows share the image
+        for t in range(len(tokens)):
+            edit = intervention.editor(t, device) if intervention is not None else None
+            out = model.decoder.step(prev, h, c, prep, sample=sample, generator=gen, alpha_edit=edit)
             h, c = out.h, out.c
-            logps.append(float(_exact_log_probs(model, out, torch.tensor([[tok]], device=device))[0, 0]))
-            alphas.append(out.alpha[0].float().cpu().numpy())
-            betas.append(float(out.beta[0]))
-            prev = tok
-    return ScoredCaption(words, tokens, np.array(logps), np.stack(alphas), np.array(betas), grid, unknown)
+            logps.append(_exact_log_probs(model, out, target[t].expand(rows, 1))[:, 0])  # (R,) exact under bf16 too
+            alphas.append(out.alpha.float())  # (R, L)
+            betas.append(out.beta.float().reshape(rows))
+            locations.append(out.location.reshape(rows))
+            prev = target[t].expand(rows)
+    stack = lambda xs: torch.stack(xs, 1).cpu().numpy()  # noqa: E731  (R, T, …)
+    return stack(logps), stack(alphas), stack(betas), stack(locations), grid
+
+
+def score_caption(
+    model: Captioner, vocab: Vocab, image: torch.Tensor, caption: str | Sequence[str] | Sequence[int],
+    *, precision: str = "auto", intervention: Intervention | None = None,
+) -> ScoredCaption:
+    """Teacher forcing: per-token log-probabilities, α and β of a given caption (<end> appended).
+
+    Hard attention uses the expectation α (as at test time); ``intervention`` edits α as in beam_search.
+    """
+    ids, words, unknown = _caption_ids(vocab, caption)
+    tokens = ids + [vocab.end_id]
+    logps, alphas, betas, _, grid = _teacher_force(model, vocab, image, tokens, intervention=intervention,
+                                                   precision=precision)
+    return ScoredCaption(words, tokens, logps[0].astype(np.float64), alphas[0], betas[0].astype(np.float64), grid,
+                         unknown)
+
+
+@dataclass
+class SampledPaths:
+    """Hard attention teacher-forced on one caption along N sampled location sequences s̃ ~ Multinoulli(α)."""
+
+    words: list[str]
+    locations: np.ndarray  # (N, T) region index sampled at each step (the last step is <end>)
+    logprobs: np.ndarray  # (N, T) log p(y_t | s̃_≤t, a, y_<t)
+    alphas: np.ndarray  # (N, T, L) α_t along each sampled path
+    grid: tuple[int, int]
+    seed: int
+
+    @property
+    def caption_logprobs(self) -> np.ndarray:
+        return self.logprobs.sum(1)  # (N,) log p(y | s̃ⁿ, a), the reward of the paper's REINFORCE
+
+
+def sample_locations(
+    model: Captioner, vocab: Vocab, image: torch.Tensor, caption: str | Sequence[str] | Sequence[int], n: int,
+    *, seed: int = 0, precision: str = "auto",
+) -> SampledPaths:
+    """N seeded location sequences of a hard-attention model while it reads a given caption."""
+    if not model.hard:
+        raise SatError("Sampling locations needs a hard-attention checkpoint; this one uses soft attention.")
+    ids, words, _ = _caption_ids(vocab, caption)
+    logps, alphas, _, locations, grid = _teacher_force(model, vocab, image, ids + [vocab.end_id], rows=n, seed=seed,
+                                                       precision=precision)
+    return SampledPaths(words, locations.astype(int), logps, alphas, grid, seed)
 
 
 def sample_hard(

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from sat_core.config import DecodeConfig
-from sat_core.decoding import DecodeSession, Intervention, beam_search, sample_hard, score_caption
+from sat_core.decoding import (DecodeSession, Intervention, beam_search, sample_hard, sample_locations,
+                               score_caption)
 from sat_core.errors import SatError
 from sat_core.images import load_image, preprocess
 from sat_core.models.captioner import Captioner
@@ -127,6 +128,44 @@ def test_scoring_flags_unknown_words(tiny_model, vocab):
     assert len(scored.logprobs) == 4 and np.all(scored.logprobs <= 0)
     with pytest.raises(SatError, match="empty"):
         score_caption(tiny_model, vocab, _images(1)[0], "  ")
+
+
+def test_scoring_strips_punctuation_before_looking_words_up(tiny_model, vocab):
+    scored = score_caption(tiny_model, vocab, _images(1)[0], "A red, circle!")
+    assert scored.words == ["a", "red", "circle"] and scored.unknown == []
+    same = score_caption(tiny_model, vocab, _images(1)[0], "a red circle")
+    np.testing.assert_array_equal(scored.logprobs, same.logprobs)
+
+
+def test_scoring_under_an_intervention_matches_the_intervened_decode(vocab):
+    model = _peaked_model(vocab)
+    image = _images(1)[0]
+    region = np.zeros(model.encode(image[None]).grid, dtype=bool)
+    region[:, : region.shape[1] // 2] = True
+    edit = Intervention(region, "include")
+    hyp = beam_search(model, image[None], vocab, DecodeConfig(beam_size=1, max_len=12), intervention=edit)[0][0]
+    scored = score_caption(model, vocab, image, hyp.words, intervention=edit)
+    assert scored.logprob == pytest.approx(hyp.logprob, abs=1e-4)
+    np.testing.assert_allclose(scored.alphas, hyp.alphas, atol=1e-5)
+    assert np.all(scored.alphas[:, ~region.reshape(-1)] == 0)  # α was kept inside the region
+    plain = score_caption(model, vocab, image, hyp.words)
+    assert not np.allclose(plain.alphas, scored.alphas)
+
+
+def test_sampled_locations_along_a_caption_are_seeded_and_follow_alpha(vocab):
+    model = _peaked_model(vocab, "hard")
+    image = _images(1)[0]
+    paths = sample_locations(model, vocab, image, "a red circle", 4, seed=5)
+    assert paths.locations.shape == (4, 4) and paths.logprobs.shape == (4, 4)
+    again = sample_locations(model, vocab, image, "a red circle", 4, seed=5)
+    np.testing.assert_array_equal(paths.locations, again.locations)
+    other = sample_locations(model, vocab, image, "a red circle", 4, seed=6)
+    assert not np.array_equal(paths.locations, other.locations)
+    picked = np.take_along_axis(paths.alphas, paths.locations[..., None], axis=2)  # α of each sampled cell
+    assert np.all(picked > 0)
+    assert paths.caption_logprobs.shape == (4,)
+    with pytest.raises(SatError, match="hard-attention"):
+        sample_locations(_peaked_model(vocab), vocab, image, "a red circle", 2)
 
 
 def test_session_steps_back_and_forced_prefix(vocab):

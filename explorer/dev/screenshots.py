@@ -29,7 +29,7 @@ PAGES = [
     ("caption", "Caption", "Where the model looked for each word"),
     ("step", "Step through", "What happens in one step"),
     ("teach", "How it works", "4 · Training signal"),
-    ("compare", "Soft vs hard", "Seeded samples of hard attention"),
+    ("compare", "Soft vs hard", "Word by word"),
     ("score", "Score a caption", "Teacher forcing"),
     ("elsewhere", "Look elsewhere", "Where it looked vs what it used"),
     ("errors", "Error analysis", "Attention correctness per word type"),

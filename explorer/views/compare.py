@@ -1,8 +1,8 @@
-"""Soft vs hard: two checkpoints on the same image, step by step, and seeded hard-attention samples."""
+"""Soft vs hard: two checkpoints teacher-forced on the SAME caption, word by word, with seeded
+hard-attention locations drawn on the map."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -10,15 +10,20 @@ import pandas as pd
 import streamlit as st
 
 from sat_core.checkpoint import LoadedCheckpoint
-from sat_core.decoding import Hypothesis
+from sat_core.decoding import SampledPaths, ScoredCaption
 from sat_core.errors import SatError
+from sat_core.words import caption_words
 
 from explorer import maps
 from explorer import resources as res
-from explorer.components.figures import draw_alpha
+from explorer.components.figures import alpha_figure
+from explorer.components.marks import add_location_marks
 from explorer.components.text import draw_caption, draw_help
 from explorer.guards import beams, image_for, need_image
-from explorer.state import Context, context, keep_choice
+from explorer.state import Context, clamp, context, keep_choice
+
+SOURCES = {"soft": "the left model's caption", "hard": "the right model's caption", "reference": "a reference",
+           "typed": "typed"}
 
 
 def _pick(ctx: Context, label: str, key: str, attention: str) -> str | None:
@@ -39,45 +44,73 @@ def _load(ctx: Context, name: str) -> LoadedCheckpoint:
     return res.load_model(path, roots, ctx.settings.device, res.stamp(Path(path)))
 
 
-def draw_side(ctx: Context, name: str, loaded: LoadedCheckpoint, hyp: Hypothesis, t: int) -> None:
-    """One model's caption with word t marked, and its α at step t (with the location for hard attention)."""
+def caption_ui(ctx: Context, models: list[tuple[str, LoadedCheckpoint]]) -> str:
+    """The caption both models read: either model's decode, a reference of the scene, or typed text."""
+    references = ctx.image.references
+    options = [s for s in SOURCES if s != "reference" or references]
+    keep_choice("cmp_source", options)
+    c1, c2 = st.columns([2, 3])
+    source = c1.radio("Caption both models read", options, key="cmp_source", horizontal=True,
+                      format_func=SOURCES.get)
+    with c2:
+        if source in ("soft", "hard"):
+            name, loaded = models[0 if source == "soft" else 1]
+            hyp = beams(ctx, loaded)[0]
+            st.markdown(f"{name}'s caption (beam {ctx.decode.beam_size}, as on *Caption*): **{hyp.caption or '(empty)'}**")
+            return hyp.caption
+        if source == "reference":
+            keep_choice("cmp_ref", list(range(len(references))))
+            index = st.selectbox("Reference", range(len(references)), key="cmp_ref",
+                                 format_func=lambda i: f"{i + 1}: {references[i]}")
+            return references[index]
+        st.session_state.setdefault("cmp_text", references[0] if references else "")
+        return st.text_input("Caption", key="cmp_text", help="Case and punctuation are ignored.")
+
+
+def draw_side(ctx: Context, name: str, loaded: LoadedCheckpoint, scored: ScoredCaption, t: int,
+              paths: SampledPaths | None) -> None:
+    """One model reading word t: its α_t, log p of the word, β (soft) or sampled locations (hard)."""
     image = image_for(ctx, loaded)
     hard = loaded.model.hard
+    words = [*scored.words, "<end>"]
     st.markdown(f"#### {name} · {'hard' if hard else 'soft'} attention")
-    draw_caption(hyp.words, t if t < len(hyp.words) else None, prefix="**Caption:** ")
-    if t >= len(hyp.alphas):
-        st.info(f"This caption ended after {len(hyp.alphas)} steps.")
-        return
-    alphas = hyp.alphas[: t + 1]
-    overlay = maps.overlays(image.crop, alphas, hyp.grid, ctx.maps)[-1]
-    alpha = hyp.alphas[t].reshape(hyp.grid)
-    sampled = hard and int(hyp.locations[t]) >= 0
-    location = int(hyp.locations[t]) if sampled else int(np.argmax(hyp.alphas[t])) if hard else None
-    word = maps.step_words(hyp.words, len(hyp.alphas))[t]
-    draw_alpha(overlay, alpha, key=f"cmp_alpha_{name}", location=location,
-               location_label="sampled location" if sampled else "argmax α", title=f"step {t + 1}: “{word}”")
-    where = ""
-    if location is not None:
-        r, c = divmod(location, hyp.grid[1])
-        where = f" · {'sampled location' if sampled else 'argmax α'}: row {r}, col {c} (red ×)"
-    st.caption(f"β_t = {float(hyp.betas[t]):.3f} · max α_t = {float(alpha.max()):.3f}{where}")
+    overlay = maps.overlays(image.crop, scored.alphas[: t + 1], scored.grid, ctx.maps)[-1]
+    alpha = scored.alphas[t].reshape(scored.grid)  # (gh, gw)
+    fig = alpha_figure(overlay, alpha, title=f"step {t + 1}: “{words[t]}”")
+    if paths is not None:
+        add_location_marks(fig, paths.locations[:, t], scored.grid, overlay.shape[0])
+    st.plotly_chart(fig, key=f"cmp_alpha_{name}", width="stretch")
+    r, c = np.unravel_index(int(alpha.argmax()), alpha.shape)
+    facts = [f"log p(“{words[t]}”) = {scored.logprobs[t]:.3f}", f"max α_t = {float(alpha.max()):.3f} at row {r}, col {c}"]
+    facts.append("no β gate (hard attention)" if hard else f"β_t = {float(scored.betas[t]):.3f}")
+    st.caption(" · ".join(facts))
+    if paths is not None:
+        n = len(paths.locations)
+        at_peak = int((paths.locations[:, t] == alpha.argmax()).sum())
+        st.caption(f"Red ×: where {n} sampled paths s̃ ~ Multinoulli(α) looked at this word (seed {paths.seed}; "
+                   f"a number counts samples on one cell); {at_peak} of {n} on the cell of max α. The map shows "
+                   "the expectation α (test time).")
 
 
-def draw_samples(ctx: Context, name: str, loaded: LoadedCheckpoint) -> None:
-    st.subheader("Seeded samples of hard attention")
-    if not loaded.model.hard:
-        st.info(f"{name} uses soft attention; pick a hard-attention checkpoint to sample locations.")
-        return
+def word_table(words: list[str], names: list[str], scored: list[ScoredCaption]) -> pd.DataFrame:
+    """Per word: each model's log p and max α, and the difference of log p."""
+    table = {"step": range(1, len(words) + 1), "word": words}
+    for name, s in zip(names, scored):
+        table[f"log p · {name}"] = np.round(s.logprobs, 3)
+        table[f"max α · {name}"] = np.round(s.alphas.max(axis=1), 3)
+    table[f"Δ log p ({names[1]} − {names[0]})"] = np.round(scored[1].logprobs - scored[0].logprobs, 3)
+    return pd.DataFrame(table)
+
+
+def samples_ui(ctx: Context) -> tuple[int, int]:
+    """How many sampled paths, and the ONE seed: the sidebar's when it samples already, else the page's."""
     c1, c2 = st.columns(2)
-    n = int(c1.number_input("Samples", 1, 12, 5, key="cmp_n"))
-    seed = int(c2.number_input("Seed", 0, 10_000, 0, key="cmp_seed"))
-    image = image_for(ctx, loaded)
-    hyps = res.samples(res.stamp(loaded.path), image.key, n, seed, ctx.decode.max_len, loaded, image.tensor)
-    rows = [{"sample": k + 1, "caption": h.caption, "log p": round(h.logprob, 3),
-             "locations": " ".join(str(int(x)) for x in h.locations)} for k, h in enumerate(hyps)]
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
-    st.caption(f"{len({h.caption for h in hyps})} distinct captions from {n} samples of s_t ~ Multinoulli(α_t) "
-               f"(seed {seed}); the same seed gives the same samples.")
+    n = int(c1.number_input("Sampled paths", 1, 12, key="cmp_n"))
+    if ctx.decode.hard_mode == "sample":
+        c2.caption(f"Seed: the sidebar's sampling seed ({ctx.decode.seed}), which also drew the hard model's caption.")
+        return n, ctx.decode.seed
+    seed = int(c2.number_input("Seed", 0, 10_000, key="cmp_seed", help="The same seed gives the same locations."))
+    return n, seed
 
 
 def main() -> None:
@@ -86,31 +119,51 @@ def main() -> None:
     need_image(ctx)
     c1, c2 = st.columns(2)
     with c1:
-        soft_name = _pick(ctx, "Left checkpoint", "cmp_soft", "soft")
+        left = _pick(ctx, "Left checkpoint", "cmp_soft", "soft")
     with c2:
-        hard_name = _pick(ctx, "Right checkpoint", "cmp_hard", "hard")
-    if soft_name is None or hard_name is None:
+        right = _pick(ctx, "Right checkpoint", "cmp_hard", "hard")
+    if left is None or right is None:
         st.error(ctx.ckpt_error or "No checkpoints to compare.")
         st.stop()
     try:
-        models = [(soft_name, _load(ctx, soft_name)), (hard_name, _load(ctx, hard_name))]
+        models = [(left, _load(ctx, left)), (right, _load(ctx, right))]
     except SatError as err:
         st.error(str(err))
         st.stop()
-    cfg = dataclasses.replace(ctx.decode, beam_size=1)
-    hyps = [beams(ctx, loaded, cfg=cfg)[0] for _, loaded in models]
-    longest = max(len(h.alphas) for h in hyps)
-    t = st.slider("Step", 1, max(2, longest), 1, key="cmp_step") - 1 if longest > 1 else 0
+    text = " ".join(caption_words(caption_ui(ctx, models)))
+    if not text:
+        st.info("The caption is empty: pick another or type one.")
+        st.stop()
+    try:
+        scored = [res.score(res.stamp(m.path), image_for(ctx, m).key, text, m, image_for(ctx, m).tensor)
+                  for _, m in models]
+    except SatError as err:
+        st.error(str(err))
+        st.stop()
+    words = [*scored[0].words, "<end>"]
+    clamp("cmp_step", 1, len(words))
+    t = st.slider("Word", 1, max(2, len(words)), key="cmp_step", disabled=len(words) < 2,
+                  help="Both models read the same caption, so each step is the same word on both sides.") - 1
+    t = min(t, len(words) - 1)
+    draw_caption(words, t, prefix=f"**Step {t + 1} of {len(words)}:** ")
+    if scored[0].unknown:
+        st.warning(f"Not in the vocabulary, read as <unk>: {', '.join(dict.fromkeys(scored[0].unknown))}")
+    n, seed = samples_ui(ctx) if any(m.model.hard for _, m in models) else (0, 0)
     cols = st.columns(2)
-    for col, (name, loaded), hyp in zip(cols, models, hyps):
+    for col, (name, loaded), s in zip(cols, models, scored):
+        paths = (res.caption_samples(res.stamp(loaded.path), image_for(ctx, loaded).key, text, n, seed, loaded,
+                                     image_for(ctx, loaded).tensor) if loaded.model.hard else None)
         with col:
-            draw_side(ctx, name, loaded, hyp, t)
-    draw_samples(ctx, hard_name, models[1][1])
+            draw_side(ctx, name, loaded, s, t, paths)
+    st.subheader("Word by word")
+    st.dataframe(word_table(words, [left, right], scored), hide_index=True, width="stretch")
     draw_help("Soft and hard attention", (
-        "Soft attention feeds the decoder a blend of all regions weighted by α_t. Hard attention feeds one "
-        "region s_t drawn from α_t; the paper trains it with REINFORCE and decodes with the expectation at "
-        "test time. Set *Hard attention at test time* to *sample* in the sidebar to see the sampled location "
-        "(red ×) instead of the argmax of α. Greedy decoding (beam 1) is used here so both sides are step aligned."))
+        "Both models are *teacher-forced* on one caption: each reads the same previous words, so step t is "
+        "the same word on both sides and α_t, log p and β compare directly. Soft attention feeds the decoder "
+        "a blend of all regions weighted by α_t, scaled by the gate β_t. Hard attention feeds one region "
+        "s_t drawn from α_t (trained with REINFORCE, PAPER.md) and has no gate; at test time the paper uses "
+        "the expectation, which is the map shown. The red × are the regions picked by seeded samples "
+        "reading the same caption. The sidebar's decoding settings only choose the models' own captions."))
 
 
 main()

@@ -10,27 +10,43 @@ import streamlit as st
 from sat_core.decoding import ScoredCaption
 from sat_core.errors import SatError
 from sat_core.vocab import Vocab
+from sat_core.words import caption_words
 
 from explorer import maps
 from explorer import resources as res
-from explorer.components.figures import draw_logprobs
+from explorer.components.figures import logprob_figure
 from explorer.components.text import draw_help
 from explorer.guards import beams, need_image, need_model
 from explorer.resources import PreparedImage
-from explorer.state import Context, context
+from explorer.state import Context, context, keep_choice
 
-TYPE_OWN = "(type your own)"
+MODEL = "model"  # the score_ref option of the model's own caption; references are "ref1", "ref2", …
 
 
-def caption_input(image: PreparedImage, own: str) -> str:
-    references = [" ".join(s) for s in image.record.sentences] if image.record is not None else []
-    choice = TYPE_OWN
-    if references:
-        choice = st.selectbox("Pick a reference caption", [TYPE_OWN, *references], index=1, key="score_ref")
-    if choice != TYPE_OWN:
-        return choice
-    return st.text_input("Your caption", value=own, key="score_text",
-                         help="Lower-case words separated by spaces; words the model does not know are flagged.")
+def caption_sources(image: PreparedImage, own: str) -> dict[str, str]:
+    """Captions the text box can be filled with: the dataset's references, then the model's decode."""
+    sources = {f"ref{k}": r for k, r in enumerate(image.references, 1)}
+    return {**sources, MODEL: own}
+
+
+def caption_input(sources: dict[str, str]) -> str:
+    """The text box (always shown) and a picker that fills it; returns the text to score."""
+    keep_choice("score_ref", list(sources))
+    st.session_state.setdefault("score_ref", next(iter(sources)))
+    st.session_state.setdefault("score_text", sources[st.session_state["score_ref"]])
+
+    def fill() -> None:
+        st.session_state["score_text"] = sources[st.session_state["score_ref"]]
+
+    c1, c2 = st.columns([2, 3])
+    c1.selectbox("Fill the box with", list(sources), key="score_ref", on_change=fill,
+                 format_func=lambda k: f"the model's caption: {sources[k]}" if k == MODEL
+                 else f"reference {k[3:]}: {sources[k]}")
+    text = c2.text_input("Caption to score", key="score_text",
+                         help="Any words; case and punctuation are ignored, words the model does not know are flagged.")
+    if text.strip() and caption_words(text) != caption_words(sources[st.session_state["score_ref"]]):
+        c1.caption("The box holds your own text (edited after filling).")
+    return text
 
 
 def word_table(scored: ScoredCaption, vocab: Vocab) -> pd.DataFrame:
@@ -45,13 +61,22 @@ def word_table(scored: ScoredCaption, vocab: Vocab) -> pd.DataFrame:
     })
 
 
+def shared_range(*scored: ScoredCaption) -> list[float]:
+    """One y range for every log-p chart, so bars of the two captions compare by height."""
+    values = np.concatenate([s.logprobs for s in scored])
+    low = float(values[np.isfinite(values)].min()) if np.isfinite(values).any() else -1.0
+    return [min(low, -0.1) * 1.05, 0.0]
+
+
 def draw_scored(title: str, scored: ScoredCaption, image: PreparedImage, ctx: Context, key: str,
-                vocab: Vocab) -> None:
+                vocab: Vocab, y_range: list[float]) -> None:
     st.markdown(f"#### {title}")
     st.markdown(f"**log p = {scored.logprob:.2f}** over {len(scored.tokens)} tokens "
                 f"(mean {scored.logprob / len(scored.tokens):.2f} per token)")
     words = [*scored.words, "<end>"]
-    draw_logprobs(words, scored.logprobs, [w == "<unk>" for w in words], key=f"{key}_lp")
+    fig = logprob_figure(words, scored.logprobs, [w == "<unk>" for w in words])
+    fig.update_yaxes(range=y_range)
+    st.plotly_chart(fig, key=f"{key}_lp", width="stretch")
     st.dataframe(word_table(scored, vocab), hide_index=True, width="stretch")
     st.image(maps.strip(image.crop, words, scored.alphas, scored.grid, ctx.maps, columns=6))
 
@@ -62,36 +87,42 @@ def main() -> None:
     loaded = need_model(ctx)
     image = need_image(ctx)
     own = beams(ctx)[0]
-    text = caption_input(image, own.caption)
-    if not text.strip():
+    text = caption_input(caption_sources(image, own.caption))
+    words = caption_words(text)
+    if not words:
         st.info("Type a caption to score it.")
         st.stop()
     ckpt = res.stamp(loaded.path)
     try:
-        yours = res.score(ckpt, image.key, text.lower(), loaded, image.tensor)
+        yours = res.score(ckpt, image.key, " ".join(words), loaded, image.tensor)
     except SatError as err:
         st.error(str(err))
         st.stop()
     # The model's own caption can be empty (it ended at once): then there is nothing to score beside yours.
     model = res.score(ckpt, image.key, own.caption, loaded, image.tensor) if own.words else None
+    if " ".join(words) != " ".join(text.split()):
+        st.caption(f"Scored as: *{' '.join(words)}* (lower case, punctuation removed).")
     if yours.unknown:
-        st.warning(f"Not in the model's vocabulary (scored as <unk>): {', '.join(sorted(set(yours.unknown)))}")
+        unknown = list(dict.fromkeys(yours.unknown))
+        st.warning(f"Not in the model's vocabulary, scored as <unk>: {', '.join(unknown)}")
     if model is not None:
         diff = yours.logprob - model.logprob
         st.markdown(f"Your caption is **{abs(diff):.2f} nats {'less' if diff < 0 else 'more'} likely** than the "
                     f"model's own decode under this model (log p {yours.logprob:.2f} vs {model.logprob:.2f}).")
+    y_range = shared_range(yours, *([model] if model is not None else []))
     left, right = st.columns(2)
     with left:
-        draw_scored("Your caption", yours, image, ctx, "yours", loaded.vocab)
+        draw_scored("Your caption", yours, image, ctx, "yours", loaded.vocab, y_range)
     with right:
         if model is None:
             st.info(f"The model's own caption is empty (it ended at once, log p = {own.logprob:.2f}).")
         else:
-            draw_scored(f"The model's decode: {own.caption}", model, image, ctx, "own", loaded.vocab)
+            draw_scored(f"The model's decode: {own.caption}", model, image, ctx, "own", loaded.vocab, y_range)
     draw_help("Teacher forcing", (
         "Each word is fed to the decoder as the previous word of the next step, whatever the model would have "
         "said, so every word gets log p(y_t | a, y_<t) and its own α_t. The last row is the probability of "
-        "ending the caption there. Low bars show where the model disagrees with a caption."))
+        "ending the caption there. Low bars show where the model disagrees with a caption. Both charts share "
+        "one y axis."))
 
 
 main()

@@ -1,4 +1,4 @@
-"""Soft vs hard, score a caption, look elsewhere, error analysis, α display settings."""
+"""Error analysis and α display settings; helpers the page tests share (test_compare, test_score, …)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import os
 import numpy as np
 
 from sat_core.config import DecodeConfig
-from sat_core.decoding import Intervention, beam_search, sample_hard, score_caption
-from sat_core.regions import grid_region
 from sat_core.images import load_image, preprocess
 
 from tests.explorer.conftest import new_app
@@ -26,93 +24,6 @@ def open_page(page: str, params=None):
     at.run()
     assert not at.exception, at.exception
     return at
-
-
-def test_soft_vs_hard_side_by_side_with_seeded_samples(explorer_env):
-    scene = explorer_env.test_ids()[0]
-    at = open_page("compare")
-    # The shipped checkpoints/ may be listed too: pick the tiny test checkpoints explicitly.
-    at.selectbox(key="cmp_soft").set_value("tiny-soft")
-    at.selectbox(key="cmp_hard").set_value("tiny-hard").run()
-    assert at.selectbox(key="cmp_soft").value == "tiny-soft" and at.selectbox(key="cmp_hard").value == "tiny-hard"
-    headers = [m.value for m in at.markdown if m.value.startswith("#### ")]
-    assert headers == ["#### tiny-soft · soft attention", "#### tiny-hard · hard attention"]
-    captions = [m.value for m in at.markdown if m.value.startswith("**Caption:**")]
-    for attention, shown in zip(("soft", "hard"), captions):
-        loaded, tensor = tensor_for(explorer_env, attention, scene)
-        hyp = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, DecodeConfig(beam_size=1))[0][0]
-        assert shown.replace("<mark>**", "").replace("**</mark>", "") == f"**Caption:** {hyp.caption}"
-    assert any("argmax α: row" in c.value for c in at.caption)  # the hard side marks a location
-    loaded, tensor = tensor_for(explorer_env, "hard", scene)
-    expected = sample_hard(loaded.model, loaded.vocab, tensor, 5, seed=0, cfg=DecodeConfig(beam_size=1))
-    table = at.dataframe[0].value
-    assert list(table["caption"]) == [h.caption for h in expected]
-    at.number_input(key="cmp_n").set_value(3)
-    at.number_input(key="cmp_seed").set_value(7).run()
-    assert len(at.dataframe[0].value) == 3
-    assert any("(seed 7)" in c.value for c in at.caption)
-    at.slider(key="cmp_step").set_value(2).run()
-    assert any(f"step 2:" in str(c.proto.spec) for c in at.get("plotly_chart"))
-
-
-def test_score_a_typed_caption_flags_unknown_words(explorer_env):
-    scene = explorer_env.test_ids()[0]
-    at = open_page("score")
-    at.selectbox(key="score_ref").set_value("(type your own)").run()
-    loaded, tensor = tensor_for(explorer_env, "soft", scene)
-    known = [w for w in loaded.vocab.itos[4:7]]
-    text = " ".join([*known, "zorblax"])
-    at.text_input(key="score_text").set_value(text).run()
-    warnings = [w.value for w in at.warning]
-    assert warnings and "zorblax" in warnings[0], warnings
-    scored = score_caption(loaded.model, loaded.vocab, tensor, text)
-    table = at.dataframe[0].value
-    assert list(table["word"]) == [*known, "<unk>", "<end>"]
-    np.testing.assert_allclose(table["log p"], np.round(scored.logprobs, 3))
-    assert list(table["known"]) == [True, True, True, False, True]
-    assert any(f"**log p = {scored.logprob:.2f}**" in m.value for m in at.markdown)
-
-
-def test_score_a_reference_next_to_the_models_decode(explorer_env):
-    scene = explorer_env.test_ids()[0]
-    at = open_page("score")
-    reference = at.selectbox(key="score_ref").options[1]
-    at.selectbox(key="score_ref").set_value(reference).run()
-    loaded, tensor = tensor_for(explorer_env, "soft", scene)
-    expected = score_caption(loaded.model, loaded.vocab, tensor, reference)
-    assert list(at.dataframe[0].value["word"]) == [*reference.split(), "<end>"]
-    own = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, DecodeConfig())[0][0]
-    assert any(m.value == f"#### The model's decode: {own.caption}" for m in at.markdown)
-    assert any(f"log p {expected.logprob:.2f} vs" in m.value for m in at.markdown)
-
-
-def test_look_elsewhere_decodes_with_the_region_removed(explorer_env):
-    scene = explorer_env.test_ids()[0]
-    at = open_page("elsewhere")
-    at.radio(key="ew_how").set_value("Rectangle of grid cells").run()
-    at.slider(key="ew_rows").set_value((0, 13))
-    at.slider(key="ew_cols").set_value((0, 6))
-    at.radio(key="ew_mode").set_value("include").run()
-    loaded, tensor = tensor_for(explorer_env, "soft", scene)
-    region = grid_region((14, 14), range(0, 14), range(0, 7))
-    cfg = DecodeConfig()
-    original = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, cfg)[0][0]
-    changed = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, cfg,
-                          intervention=Intervention(region, "include"))[0][0]
-    captions = [m.value for m in at.markdown if m.value.startswith("**Caption:**")]
-    assert captions == [f"**Caption:** {original.caption}", f"**Caption:** {changed.caption}"]
-    assert any("98 of 196 cells chosen" in c.value for c in at.caption)
-    verdict = "did not change" if original.words == changed.words else "The caption changed"
-    assert any(verdict in m.value for m in at.markdown)
-
-
-def test_look_elsewhere_by_ground_truth_object(explorer_env):
-    at = open_page("elsewhere")
-    at.radio(key="ew_how").set_value("Ground-truth object").run()
-    labels = at.selectbox(key="ew_object").options
-    scene = next(e for e in explorer_env.dataset["images"] if e["imgid"] == explorer_env.test_ids()[0])
-    assert labels == [f"{o['id']}: {o['size']} {o['colour']} {o['shape']}" for o in scene["objects"]]
-    assert not at.error
 
 
 def _evaluated_gallery(env, at):
