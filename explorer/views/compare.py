@@ -76,7 +76,8 @@ def draw_side(ctx: Context, name: str, loaded: LoadedCheckpoint, scored: ScoredC
     st.markdown(f"#### {name} · {'hard' if hard else 'soft'} attention")
     overlay = maps.overlays(image.crop, scored.alphas[: t + 1], scored.grid, ctx.maps)[-1]
     alpha = scored.alphas[t].reshape(scored.grid)  # (gh, gw)
-    fig = alpha_figure(overlay, alpha, title=f"step {t + 1}: “{words[t]}”")
+    scale = maps.colour_scale(image.crop.shape[0], scored.alphas, scored.grid, ctx.maps, t=t)
+    fig = alpha_figure(overlay, alpha, title=f"step {t + 1}: “{words[t]}”", scale=scale)
     if paths is not None:
         add_location_marks(fig, paths.locations[:, t], scored.grid, overlay.shape[0])
     st.plotly_chart(fig, key=f"cmp_alpha_{name}", width="stretch")

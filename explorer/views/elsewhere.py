@@ -81,9 +81,11 @@ def draw_result(title: str, hyp: Hypothesis, image: PreparedImage, ctx: Context,
     words = maps.step_words(hyp.words, len(hyp.alphas))
     mean_alpha = hyp.alphas.mean(axis=0).reshape(hyp.grid)  # (gh, gw): where the caption looked on average
     overlay = maps.overlays(image.crop, mean_alpha.reshape(1, -1), hyp.grid, ctx.maps)[0]
+    scale = maps.colour_scale(image.crop.shape[0], mean_alpha.reshape(1, -1), hyp.grid, ctx.maps, t=0,
+                              title="mean α")
     draw_alpha(overlay, mean_alpha, key=key, region=region, value_name="mean α", height=320,
-               title="mean α over the caption")
-    st.image(maps.strip(image.crop, words, hyp.alphas, hyp.grid, ctx.maps, columns=5))
+               title="mean α over the caption", scale=scale)
+    st.image(maps.strip_with_scale(image.crop, words, hyp.alphas, hyp.grid, ctx.maps, columns=5))
 
 
 def _with_end(hyp: Hypothesis) -> list[str]:

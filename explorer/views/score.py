@@ -78,7 +78,7 @@ def draw_scored(title: str, scored: ScoredCaption, image: PreparedImage, ctx: Co
     fig.update_yaxes(range=y_range)
     st.plotly_chart(fig, key=f"{key}_lp", width="stretch")
     st.dataframe(word_table(scored, vocab), hide_index=True, width="stretch")
-    st.image(maps.strip(image.crop, words, scored.alphas, scored.grid, ctx.maps, columns=6))
+    st.image(maps.strip_with_scale(image.crop, words, scored.alphas, scored.grid, ctx.maps, columns=6))
 
 
 def main() -> None:

@@ -45,8 +45,10 @@ def draw_picture(ctx: Context, image: PreparedImage, session: DecodeSession, vie
     st.image(image.crop, caption="The image (the square the encoder saw)", width="stretch")
     overlay = maps.overlays(image.crop, session.alphas, view.alpha.shape, ctx.maps)[-1]
     location = view.location if hard and view.location >= 0 else None
-    draw_alpha(overlay, view.alpha, key="teach_alpha", location=location,
-               location_label="sampled location s_t" if ctx.decode.hard_mode == "sample" else "argmax α", title=f"α at step {view.index + 1}: {view.word}")
+    scale = maps.colour_scale(image.crop.shape[0], session.alphas, view.alpha.shape, ctx.maps, t=view.index)
+    draw_alpha(overlay, view.alpha, key="teach_alpha", location=location, scale=scale,
+               location_label="sampled location s_t" if ctx.decode.hard_mode == "sample" else "argmax α",
+               title=f"α at step {view.index + 1}: {view.word}")
 
 
 def draw_attention(view: StepView, t: int) -> None:

@@ -106,3 +106,15 @@ def test_links_restore_the_enlarged_word_and_the_error_filters(explorer_env):
     assert restored.multiselect(key="err_labels").value == [label]
     assert restored.selectbox(key="err_sort").value == "image_id"
     assert list(restored.dataframe[0].value["image_id"]) == sorted(restored.dataframe[0].value["image_id"])
+
+
+@pytest.mark.parametrize("page", ["compare", "elsewhere", "teach"])
+def test_the_other_pages_maps_carry_a_colour_bar_too(explorer_env, page):
+    at = _open(page)
+    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    maps_drawn = [c for c in charts if any(t["type"] == "heatmap" for t in c["data"])]
+    assert maps_drawn, f"no α map on {page}"
+    for chart in maps_drawn:
+        heat = next(t for t in chart["data"] if t["type"] == "heatmap")
+        top = float(_colorbar(chart)["colorbar"]["ticktext"][-1])
+        assert top == pytest.approx(plotly_array(heat["z"]).astype(float).max(), rel=1e-2)
