@@ -88,7 +88,8 @@ def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage
     loaded = ckpt.load_checkpoint(target if repackage else Path(cfg.out) / "best")
     data = load_karpathy(cfg.data.dataset, cfg.data.images)
     result = evaluate(loaded, data, "test", dataclasses.replace(cfg.val, beam_size=beam))
-    summary = (loaded.metrics or {}).get("training") if repackage else training_summary(Path(cfg.out))
+    summary = ((loaded.metrics or {}).get("training") if repackage else
+               {**training_summary(Path(cfg.out)), "encoder_minutes": _encoder_minutes(cfg)})
     if not summary:
         raise SatError(f"{target} has no training summary in its metrics; rebuild it without --repackage.")
     records = result.pop("records")
@@ -150,7 +151,7 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
         f"- Command: `python -m sat_core.ship {name}` (preset `sat_core/presets/world_{name}.json`).",
         f"- Encoder: small CNN {list(cfg.model.small_channels)} with coordinate channels → 14×14×{cfg.model.small_channels[-1]} "
         "annotations, pretrained on the world's train-split object masks (`sat_core.pretrain`: per-cell "
-        f"shape/colour/size classifiers, {_encoder_minutes(cfg)} min) and then frozen, as the paper froze its "
+        f"shape/colour/size classifiers, {tr.get('encoder_minutes', 'n/a')} min) and then frozen, as the paper froze its "
         f"ImageNet-pretrained VGG. Decoder: LSTM {cfg.model.hidden_dim}, embedding {cfg.model.embed_dim}, attention MLP "
         f"{cfg.model.attn_dim}, dropout {cfg.model.dropout}"
         + (f", doubly stochastic λ = {cfg.optim.dsa_lambda}." if cfg.model.attention == "soft" else
