@@ -17,7 +17,7 @@ from typing import Any
 
 from explorer.settings import REPO_ROOT
 from explorer.dev.browser import (
-    AppError, AppServer, CHROMIUM, VIEWPORT, check_local, choose_upload, click_button, go_to, launch_chromium,
+    AppError, AppServer, CHROMIUM, VIEWPORT, check_local, choose_upload, click_key, go_to, launch_chromium,
     require_browser, shoot, upload, wait_for_text, wait_idle,
 )
 
@@ -57,9 +57,9 @@ def tour(page: Any, url: str, out: Path, timeout_s: float, image: Path | None = 
             go_to(page, title, needle, timeout_s)
         if stem == "step":
             for n in range(STEPS_IN):
-                if page.get_by_role("button", name="Next ▶", exact=True).first.is_disabled():
+                if page.locator(".st-key-step_next button").first.is_disabled():
                     break  # the caption ended already
-                click_button(page, "Next ▶", timeout_s)
+                click_key(page, "step_next", timeout_s)
                 wait_for_text(page, f"Step {n + 2}:", timeout_s, f"step {n + 2}")
         saved.append(shoot(page, out / f"{stem}.png"))
         print(f"{saved[-1]}  ({time.monotonic() - started:.1f} s)", flush=True)
