@@ -9,7 +9,10 @@ model load.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import streamlit as st
@@ -49,7 +52,19 @@ def draw_intro() -> None:
     st.session_state["_intro_seen"] = True
 
 
+def log_run(page: str, started: float) -> None:
+    """With SAT_RUN_LOG=FILE (the load test sets it), one JSON line per script run: page, image source,
+    seconds on the server. What a run costs the server, apart from the browsers that drive it."""
+    path = os.environ.get("SAT_RUN_LOG")
+    if not path:
+        return
+    line = {"page": page, "source": st.session_state.get("source"), "seconds": time.perf_counter() - started}
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")
+
+
 def main() -> None:
+    started = time.perf_counter()
     st.set_page_config(page_title="SAT Explorer", page_icon=":material/visibility:", layout="wide")
     here = Path(__file__).parent
     pages = [st.Page(here / path, title=title, url_path=url, icon=icon, default=(k == 0))
@@ -63,7 +78,10 @@ def main() -> None:
         from explorer.state import set_context
 
         set_context(draw_sidebar(server_settings()))
-    page.run()
+    try:
+        page.run()
+    finally:  # st.stop and page switches end a run by raising
+        log_run(page.title, started)
 
 
 main()

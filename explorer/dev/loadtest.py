@@ -13,7 +13,8 @@ caption, then opens *Step through* and clicks Next up to ``--steps`` times. Meas
                    from what sat_core decodes for the same image (a session shown another's result)
   peak memory      the server's RSS (process tree, polled) and VmHWM, single session vs all at once
 
-Targets (issue 6): 0 errors, p95 time to caption under 5 s, peak memory under 2x a single session's.
+Targets: 0 errors, server CPU per session flow under 1 s, server-side p95 time to caption under 5 s (the
+app times its own runs when SAT_RUN_LOG names a file), peak memory under 2x a single session's.
 Not part of the test run: it takes minutes and wants a quiet machine (the browser shares the CPU).
 """
 
@@ -320,12 +321,15 @@ def run_phase(label: str, uploads: Sequence[Upload], args: argparse.Namespace, q
     """A fresh server, the sessions at once, the server's memory; the server stopped afterwards."""
     args.logs.mkdir(parents=True, exist_ok=True)
     pin = ["taskset", "-c", SERVER_CORES] if args.pin else []
+    runs = args.logs / f"runs-{label}.jsonl"  # the app's own per-run timings (SAT_RUN_LOG)
+    runs.unlink(missing_ok=True)
     server = AppServer(checkpoints=[args.checkpoint], world=args.world, log=args.logs / f"server-{label}.log",
-                       prefix=pin)
+                       prefix=pin, env={"SAT_RUN_LOG": str(runs)})
     print(f"[{label}] starting the app on {server.url} …", flush=True)
     with server:
         asyncio.run(warm_up(f"{server.url}/?{query}", args.timeout, args.chromium))
         at_start = Monitor(server.pid).rss_kb() / 1024
+        warm_runs = len(runs.read_text().splitlines()) if runs.is_file() else 0
         print(f"[{label}] {len(uploads)} session(s) …", flush=True)
         started = time.monotonic()
         with Monitor(server.pid) as monitor:
@@ -339,8 +343,15 @@ def run_phase(label: str, uploads: Sequence[Upload], args: argparse.Namespace, q
           f"browser and this script {client_cpu:.1f} s", flush=True)
     return {"label": label, "sessions": len(uploads), "wall_s": wall, "rss_at_start_mb": at_start,
             "peak_rss_polled_mb": monitor.peak_mb, "vmhwm_mb": hwm, "peak_mb": peak, "server_cpu_s": server_cpu,
-            "client_cpu_s": client_cpu,
+            "client_cpu_s": client_cpu, "server_runs": _server_runs(runs, skip=warm_runs),
             "results": [asdict(r) for r in results]}
+
+
+def _server_runs(path: Path, skip: int) -> list[dict[str, Any]]:
+    """The script runs the sessions caused (the warm-up visit's left out), as the app logged them."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()[skip:] if line.strip()]
 
 
 def check_against_sat_core(phase: dict[str, Any], uploads: Sequence[Upload], checkpoint: Path) -> int:
@@ -388,7 +399,12 @@ def summarise(phase: dict[str, Any]) -> dict[str, Any]:
     results = phase["results"]
     captions = [r["time_to_caption_s"] for r in results if r["time_to_caption_s"] is not None]
     steps = [t for r in results for t in r["step_times_s"]]
+    runs = phase.get("server_runs", [])
+    upload_runs = [r["seconds"] for r in runs if r["page"] == "Caption" and r["source"] == "Upload"]
     return {
+        "server_runs": len(runs), "server_run_p95_s": percentile([r["seconds"] for r in runs], 95),
+        "server_caption_p50_s": statistics.median(upload_runs) if upload_runs else None,
+        "server_caption_p95_s": percentile(upload_runs, 95),
         "sessions": phase["sessions"], "sessions_with_errors": sum(1 for r in results if r["errors"]),
         "errors": sum(len(r["errors"]) for r in results),
         "caption_p50_s": statistics.median(captions) if captions else None,
@@ -416,6 +432,9 @@ def report(many: dict[str, Any], single: dict[str, Any] | None) -> dict[str, Any
           f"  (max {_s(load['caption_max_s'])})")
     print(f"step time p50 / p95           {_s(load['step_p50_s'])} / {_s(load['step_p95_s'])}"
           f"  ({load['steps_measured']} clicks)")
+    print(f"server time to caption        {_s(load['server_caption_p50_s'])} / {_s(load['server_caption_p95_s'])}"
+          f"  (p50 / p95 of the Caption runs that decoded an upload, timed in the app)")
+    print(f"server script runs            {load['server_runs']}, p95 {_s(load['server_run_p95_s'])}")
     print(f"server peak memory            {load['peak_mb']:.0f} MB  (at start {load['rss_at_start_mb']:.0f} MB)")
     per_session = load["server_cpu_s"] / max(1, load["sessions"])
     figures["server_cpu_per_session_s"] = per_session
@@ -426,7 +445,9 @@ def report(many: dict[str, Any], single: dict[str, Any] | None) -> dict[str, Any
         print(f"peak memory ratio             {ratio:.2f}x a single session's")
     checks = [("0 errors", load["errors"] == 0 and (one is None or one["errors"] == 0)),
               (f"server CPU per session < {TARGET_SERVER_CPU_S:g} s", per_session < TARGET_SERVER_CPU_S),
-              (f"p95 time to caption < {TARGET_P95_S:g} s",
+              (f"server-side p95 time to caption < {TARGET_P95_S:g} s",
+               load["server_caption_p95_s"] is not None and load["server_caption_p95_s"] < TARGET_P95_S),
+              (f"p95 time to caption in the browser < {TARGET_P95_S:g} s",
                load["caption_p95_s"] is not None and load["caption_p95_s"] < TARGET_P95_S)]
     if ratio is not None:
         checks.append((f"peak memory < {TARGET_MEMORY_RATIO:g}x single", ratio < TARGET_MEMORY_RATIO))
