@@ -51,7 +51,7 @@ CATEGORIES: dict[str, Category] = {c.name: c for c in (
     # vehicles
     Category("car", "cars", (V("1f697", "red"), V("1f699", "blue"), V("1f695", "yellow")), 105, ("road", "snow"), say_colour=0.8),
     Category("bus", "buses", (V("1f68c", "yellow"),), 140, ("road",), say_colour=0.3),
-    Category("truck", "trucks", (V("1f69a", None), V("1f6fb", "red")), 120, ("road",), say_colour=0.0),
+    Category("truck", "trucks", (V("1f69a", None), V("1f6fb", None)), 120, ("road",)),
     Category("bicycle", "bicycles", (V("1f6b2", "red"),), 80, ("road", "grass"), say_colour=0.2),
     Category("motorcycle", "motorcycles", (V("1f3cd-fe0f", "red"),), 85, ("road",), say_colour=0.2),
     Category("boat", "boats", (V("26f5", None), V("1f6a4", None)), 110, ("water",)),
