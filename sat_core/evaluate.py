@@ -35,8 +35,8 @@ from sat_core.images import CropInfo, load_image, preprocess
 
 # Words that name an object (attention correctness); count words ("a", "two") are left out:
 # "a" is an article as much as a count, and "two" names two objects.
-NAMING_KINDS = ("shape", "colour", "size")
-WORD_KINDS = ("shape", "colour", "size", "count", "relation", "function")
+NAMING_KINDS = ("shape", "category", "colour", "size")
+WORD_KINDS = ("shape", "category", "colour", "size", "count", "relation", "place", "function")
 _GRID_CELL = 8  # px per grid cell when a mask has to be resampled to tile the α grid
 
 
@@ -175,7 +175,7 @@ def image_record(dec: Decoded, scores: dict[str, float]) -> tuple[dict[str, Any]
     }
     if dec.record.objects is None:
         return record, None
-    grounding = ground(hyp.words, dec.record.objects)
+    grounding = ground(hyp.words, dec.record.objects, getattr(dec.record, "place", None))
     words = word_attention(dec, grounding.token_objects)
     g = grounding.to_dict()
     g["token_objects"] = {str(t): ids for t, ids in g["token_objects"].items()}  # JSON keys are strings
@@ -290,8 +290,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     lines.append("  ".join(f"{k} {v:.3f}" for k, v in result["corpus"].items()))
     g = result["grounded"]
     if g:
-        keys = ("precision", "recall", "colour_accuracy", "shape_accuracy", "size_accuracy",
-                "count_accuracy", "relation_accuracy")
+        keys = [k for k in ("precision", "recall", "category_accuracy", "colour_accuracy", "shape_accuracy",
+                            "size_accuracy", "count_accuracy", "relation_accuracy", "place_accuracy") if k in g]
         lines.append("grounded: " + "  ".join(f"{k.removesuffix('_accuracy')} {_fmt(g.get(k))}" for k in keys))
     a = result["attention"]
     if a.get("correctness") is not None:
