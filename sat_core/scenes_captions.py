@@ -15,7 +15,7 @@ import numpy as np
 
 from sat_core.scenes import relation_holds
 from sat_core.scenes_catalog import (
-    ACTIONS, CATEGORIES, CONVERSE, NUMBER_WORDS, PLACES, RELATION_PHRASES, RELATIONS,
+    ACTIONS, CATEGORIES, CONVERSE, NUMBER_WORDS, PLACES, RELATION_PHRASES, RELATION_WORDS, RELATIONS,
 )
 
 CAPTIONS_PER_IMAGE = 5
@@ -116,9 +116,11 @@ def describe(objects: list[dict[str, Any]], place: str, rng: np.random.Generator
         cap = caption(gs, place, rng)
         if len(cap) <= MAX_CAPTION_TOKENS:
             found.setdefault(tuple(w for w, _ in cap), cap)
-        if len(found) == n:
+        if len(found) == 2 * n:
             break
-    caps = list(found.values())
+    # Captions that state a relation first: beam search imitates the most common pattern, and bare
+    # enumerations would win over relations if they were as common (the shapes models never state one).
+    caps = sorted(found.values(), key=lambda cap: not any(w in RELATION_WORDS for w, _ in cap))[:n]
     if not caps:  # four groups with long phrases: name them plainly
         plain: list[Token] = []
         for c, g in enumerate(gs):
