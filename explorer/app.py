@@ -1,8 +1,10 @@
 """SAT Explorer: caption images, step through decoding, compare soft and hard attention, find errors.
 
-    streamlit run explorer/app.py [-- --checkpoints DIR … --world DIR]
+    streamlit run explorer/app.py [-- --checkpoints DIR … --data DATASET.json --images DIR]
 
-This file is the router and the shared sidebar only; each page is a file in ``views/``.
+This file is the router and the shared sidebar only; each page is a file in ``views/``. The
+introduction is drawn before anything slow is imported, so a newcomer reads it while PyTorch and the
+model load.
 """
 
 from __future__ import annotations
@@ -10,15 +12,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import streamlit as st
+
 _REPO = Path(__file__).resolve().parents[1]
 if str(_REPO) not in sys.path:  # `streamlit run explorer/app.py` puts only explorer/ on the path
     sys.path.insert(0, str(_REPO))
-
-import streamlit as st  # noqa: E402
-
-from explorer.settings import server_settings  # noqa: E402
-from explorer.sidebar import draw_sidebar  # noqa: E402
-from explorer.state import set_context  # noqa: E402
 
 PAGES = [
     ("views/caption.py", "Caption", "caption", ":material/image:"),
@@ -30,6 +28,25 @@ PAGES = [
     ("views/teach.py", "How it works", "teach", ":material/school:"),
     ("views/card.py", "Checkpoint card", "card", ":material/description:"),
 ]
+INTRO = (
+    "*Show, Attend and Tell* (Xu et al., 2015) captions an image word by word. A CNN turns the image into a "
+    "grid of annotation vectors; before each word an LSTM decides **where to look** — the attention weights "
+    "α over the grid (*soft* attention blends the regions, *hard* attention picks one) — and then **which word "
+    "to say**. This explorer shows those decisions.\n\n"
+    "**Caption**: the caption and where each word looked · **Step through**: one word at a time, force your "
+    "own · **Soft vs hard**: both models on the same words · **Score a caption**: how likely the model finds "
+    "yours · **Look elsewhere**: keep attention out of a region and see what changes · **Error analysis**: "
+    "every image of a dataset, by error · **How it works**: the equations with this image's numbers · "
+    "**Checkpoint card**: what the model is and what it was trained on. Choose a checkpoint and an image "
+    "(or upload one) in the sidebar."
+)
+
+
+def draw_intro() -> None:
+    st.markdown("# SAT Explorer: where does the model look?")
+    with st.expander("What this is, and what each page shows", expanded=not st.session_state.get("_intro_seen")):
+        st.markdown(INTRO)
+    st.session_state["_intro_seen"] = True
 
 
 def main() -> None:
@@ -38,7 +55,14 @@ def main() -> None:
     pages = [st.Page(here / path, title=title, url_path=url, icon=icon, default=(k == 0))
              for k, (path, title, url, icon) in enumerate(PAGES)]
     page = st.navigation(pages)
-    set_context(draw_sidebar(server_settings()))
+    if page.title == PAGES[0][1]:
+        draw_intro()  # before the slow imports below: readable within a second of the page opening
+    with st.spinner("Loading PyTorch and the checkpoint (the first visit after the server starts takes a few seconds)…"):
+        from explorer.settings import server_settings
+        from explorer.sidebar import draw_sidebar
+        from explorer.state import set_context
+
+        set_context(draw_sidebar(server_settings()))
     page.run()
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import streamlit as st
 
@@ -36,17 +34,12 @@ def need_image(ctx: Context) -> PreparedImage:
     return ctx.image
 
 
-def cfg_json(cfg: DecodeConfig) -> str:
-    return json.dumps(cfg.to_dict(), sort_keys=True)
-
-
 def image_for(ctx: Context, loaded: LoadedCheckpoint) -> PreparedImage:
     """The current image preprocessed as ``loaded`` expects (models may differ in input size)."""
     if loaded is ctx.loaded or ctx.image_source is None:
         return ctx.image
     key, name, source, record = ctx.image_source
-    pre_json = json.dumps(loaded.preprocess.to_dict(), sort_keys=True)
-    return res.prepare_image(key, pre_json, name, source, record)
+    return res.prepare_image(key, loaded.preprocess, name, source, record)
 
 
 def beams(ctx: Context, loaded: LoadedCheckpoint | None = None, *, cfg: DecodeConfig | None = None,
@@ -54,7 +47,7 @@ def beams(ctx: Context, loaded: LoadedCheckpoint | None = None, *, cfg: DecodeCo
     """The beam's hypotheses (best first) for the current image; cached per settings."""
     loaded = loaded or ctx.loaded
     image = image_for(ctx, loaded)
-    return res.decode(res.stamp(loaded.path), image.key, cfg_json(cfg or ctx.decode), region_key, loaded,
+    return res.decode(res.stamp(loaded.path), image.key, cfg or ctx.decode, region_key, loaded,
                       image.tensor, intervention)
 
 

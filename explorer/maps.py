@@ -28,6 +28,37 @@ class MapSettings:
                 "opacity": self.opacity, "cmap": self.cmap}
 
 
+@dataclass(frozen=True)
+class ColourScale:
+    """What the colours of a drawn map stand for: full colour is α = ``vmax``, position = (α / vmax)^γ."""
+
+    cmap: str
+    vmax: float
+    gamma: float = 1.0
+    title: str = "α"
+
+    def ticks(self, n: int = 5) -> list[tuple[float, float]]:
+        return viz.scale_ticks(self.vmax, self.gamma, n)
+
+
+def colour_scale(side: int, alphas: np.ndarray, grid: tuple[int, int], settings: MapSettings,
+                 t: int | None = None, *, title: str = "α") -> ColourScale:
+    """The scale of map ``t`` (or of all maps) as drawn at ``side`` px: its own max (per word), the
+    caption's max, or the fixed global scale. Maxima are taken after upsampling, as the colours are."""
+    if settings.norm == "global":
+        return ColourScale(settings.cmap, 1.0, viz.GLOBAL_GAMMA, title)
+    rows = np.asarray(alphas).reshape(-1, grid[0] * grid[1])  # (T, L)
+    if settings.norm == "word" and t is not None:
+        rows = rows[t : t + 1]
+    peak = max((float(viz.upsample_alpha(viz.alpha_to_grid(a, grid), side, method=settings.method,
+                                         sigma=settings.sigma or None).max()) for a in rows), default=0.0)
+    return ColourScale(settings.cmap, peak or 1.0, 1.0, title)
+
+
+def colorbar(height: int, scale: ColourScale) -> np.ndarray:
+    return viz.colorbar_image(height, scale.cmap, scale.ticks(), title=scale.title)
+
+
 def overlays(crop: np.ndarray, alphas: np.ndarray, grid: tuple[int, int], settings: MapSettings) -> list[np.ndarray]:
     """One overlay (S, S, 3) per α row (T, L), normalised together as the settings say."""
     if len(alphas) == 0:
@@ -44,11 +75,40 @@ def coverage_overlay(crop: np.ndarray, alphas: np.ndarray, grid: tuple[int, int]
     return viz.attention_panels(crop, cover.reshape(1, -1), grid, panel_size=crop.shape[0], **kwargs)[1], cover
 
 
+def coverage_scale(side: int, cover: np.ndarray, grid: tuple[int, int], settings: MapSettings) -> ColourScale:
+    """The coverage map is always drawn against its own max (``coverage_overlay``)."""
+    own = MapSettings(settings.method, settings.sigma, "word", settings.opacity, settings.cmap)
+    return colour_scale(side, np.asarray(cover).reshape(1, -1), grid, own, t=0, title="Σα")
+
+
 def strip(crop: np.ndarray, words: Sequence[str], alphas: np.ndarray, grid: tuple[int, int],
           settings: MapSettings, columns: int | None = 8) -> np.ndarray:
     """The paper's per-word figure, one panel per α row."""
     return viz.word_strip(crop, list(words), np.asarray(alphas), grid, panel_size=112, columns=columns,
                           **settings.viz_kwargs())
+
+
+def strip_with_scale(crop: np.ndarray, words: Sequence[str], alphas: np.ndarray, grid: tuple[int, int],
+                     settings: MapSettings, *, panel_size: int = 160, columns: int | None = 6) -> np.ndarray:
+    """The per-word strip with a colour bar in real α values. Per-word normalisation gives every panel
+    its own scale: the bar then reads in shares of a word's peak, and each label carries that peak."""
+    side = crop.shape[0]
+    labels = list(words)
+    if settings.norm == "word":
+        peaks = [colour_scale(side, alphas, grid, settings, t=t).vmax for t in range(len(labels))]
+        labels = [f"{w} · {p:.2f}" for w, p in zip(labels, peaks)]
+        scale = ColourScale(settings.cmap, 1.0, 1.0, "of peak")
+    else:
+        scale = colour_scale(side, alphas, grid, settings)
+    image = viz.word_strip(crop, labels, np.asarray(alphas), grid, panel_size=panel_size, columns=columns,
+                           **settings.viz_kwargs())
+    return viz.with_colorbar(image, colorbar(max(image.shape[0], 160), scale))
+
+
+def slide_panel_size(n_panels: int, columns: int = 6, width: int = 1600) -> int:
+    """Panel side that makes a strip of ``n_panels`` (with its colour bar) at least ``width`` px wide."""
+    cols = min(n_panels, columns)
+    return max(256, -(-(width - 90 - (cols - 1) * viz.PANEL_GAP) // cols))
 
 
 def step_words(words: Sequence[str], n_alphas: int) -> list[str]:

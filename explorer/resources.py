@@ -17,17 +17,21 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from sat_core.checkpoint import CARD_FILE, CONFIG_FILE, LoadedCheckpoint, list_checkpoints, load_checkpoint
+from sat_core.checkpoint import CARD_FILE, CONFIG_FILE, LoadedCheckpoint, load_checkpoint
 from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.data import ImageRecord, KarpathyData, load_karpathy
 from sat_core.decoding import Hypothesis, Intervention, beam_search, sample_hard, score_caption
-from sat_core.errors import DatasetError
-from sat_core.explain import DomainCheck, DomainReference
+from sat_core.domain import DomainCheck, DomainReference
+from sat_core.errors import DatasetError, SatError
+from sat_core.evaluate import read_records
 from sat_core.images import CropInfo, crop_for_display, load_image, preprocess
+from sat_core.io import write_json_atomic
+from sat_core.paths import list_checkpoints
+
+from explorer.settings import DataSource
 
 GALLERY_SIZE = 24  # test scenes generated when no dataset folder exists (plus training-like ones for the domain check)
 DISPLAY_SIDE = 768  # px: the original image is kept at most this large (caches hold many uploads)
-GALLERY_MAX = 200  # scenes offered (and evaluated on the fly) from a real dataset's test split
 EVAL_RECORDS_FILE = "eval_records.json"
 
 
@@ -68,19 +72,24 @@ def read_card(path: Path) -> str | None:
     return card.read_text(encoding="utf-8") if card.is_file() else None
 
 
-# ---- the gallery of test scenes -------------------------------------------------------------------
+# ---- the dataset: gallery, references, training-like images --------------------------------------
 
 @dataclass
 class Gallery:
+    """The split the server shows: every image of it, by dataset id, with its references."""
+
     data: KarpathyData
+    source: DataSource  # the dataset actually read (a generated one when none was given)
     ids: list[int]  # image ids offered, in order
     by_id: dict[int, ImageRecord]
-    note: str  # where the scenes came from
-    reference: DomainReference  # colour statistics of training-like images
+    note: str  # where the images came from, for captions
 
     def caption_hint(self, image_id: int) -> str:
         record = self.by_id[image_id]
         return " ".join(record.sentences[0]) if record.sentences else ""
+
+    def name(self, image_id: int) -> str:
+        return self.by_id[image_id].path.name
 
 
 def _generated_world() -> Path:
@@ -96,22 +105,44 @@ def _generated_world() -> Path:
             return folder
         except (OSError, DatasetError):
             continue
-    raise DatasetError("No dataset folder and no writable cache to generate test scenes into; pass --world DIR.")
+    raise DatasetError("No dataset was given and there is no writable cache to generate test scenes into; "
+                       "start the app with -- --data DATASET.json --images DIR.")
 
 
-@st.cache_resource(max_entries=2, show_spinner="Preparing the gallery of test scenes…")
-def load_gallery(world_dir: str) -> Gallery:
-    folder = Path(world_dir)
-    note = f"test scenes of {folder}"
-    if not (folder / "dataset.json").is_file():
+@st.cache_resource(max_entries=2, show_spinner="Reading the dataset…")
+def load_gallery(source: DataSource) -> Gallery:
+    """The source's split; DatasetError (not cached) with what to fix when it cannot be read.
+
+    Only when no dataset was named and the repo has no ``data/world`` is a small world generated."""
+    note = source.label
+    if not source.given and not source.data.is_file():
         folder = _generated_world()
-        note = f"{GALLERY_SIZE} generated test scenes (no dataset at {world_dir})"
-    data = load_karpathy(folder / "dataset.json", folder)
-    split = [i for i, r in enumerate(data.images) if r.split == "test"] or list(range(len(data.images)))
-    records = [data.images[i] for i in split[:GALLERY_MAX]]
-    train = [i for i, r in enumerate(data.images) if r.split == "train"][:100] or split[:100]
-    reference = DomainReference.from_images([load_image(data.images[i].path) for i in train])
-    return Gallery(data, [r.id for r in records], {r.id: r for r in records}, note, reference)
+        source = DataSource(folder / "dataset.json", folder, "test")
+        note = f"{GALLERY_SIZE} generated test scenes (no dataset given, and no {source.data.parent.name} folder)"
+    data = load_karpathy(source.data, source.images)
+    records = [data.images[i] for i in data.split(source.split)]
+    first = records[0].path
+    if not first.is_file():
+        raise DatasetError(
+            f"The image {first.name} listed in {source.data.name} is not at {first}: the images folder "
+            f"{source.images} does not hold the dataset's images. Start the app with --images set to the folder "
+            "that the file's filepath/filename entries are relative to."
+        )
+    return Gallery(data, source, [r.id for r in records], {r.id: r for r in records}, note)
+
+
+@st.cache_resource(max_entries=2, show_spinner=False)
+def gallery_reference(source: DataSource) -> DomainReference:
+    """Colour statistics of the gallery's training images: the domain check of checkpoints that
+    stored none of their own (written before training statistics were kept)."""
+    gallery = load_gallery(source)
+    data = gallery.data
+    train = [i for i, r in enumerate(data.images) if r.split == "train"][:100]
+    indices = train or [i for i, r in enumerate(data.images) if r.id in gallery.by_id][:100]
+    what = "train" if train else gallery.source.split
+    return DomainReference.from_images([load_image(data.images[i].path) for i in indices],
+                                       source=f"compared with {gallery.source.data.name}, {what} split: the checkpoint "
+                                              "recorded no statistics of its own training data")
 
 
 # ---- images ---------------------------------------------------------------------------------------
@@ -132,15 +163,19 @@ class PreparedImage:
     def uploaded(self) -> bool:
         return self.key.startswith("upload:")
 
+    @property
+    def references(self) -> list[str]:
+        """The dataset's reference captions (none for uploads)."""
+        return [" ".join(s) for s in self.record.sentences] if self.record is not None else []
+
 
 def upload_key(data: bytes) -> str:
     return "upload:" + hashlib.sha1(data).hexdigest()[:16]
 
 
 @st.cache_resource(max_entries=64, ttl=3600, show_spinner=False)
-def prepare_image(key: str, preprocess_json: str, name: str, _source: Any, _record: ImageRecord | None = None) -> PreparedImage:
+def prepare_image(key: str, cfg: PreprocessConfig, name: str, _source: Any, _record: ImageRecord | None = None) -> PreparedImage:
     """load_image + preprocess (ImageError, not cached, for a file that cannot be used)."""
-    cfg = PreprocessConfig.from_dict(json.loads(preprocess_json))
     image = load_image(_source, name=name)
     tensor, info = preprocess(image, cfg)
     crop = np.asarray(crop_for_display(image, cfg))
@@ -149,20 +184,26 @@ def prepare_image(key: str, preprocess_json: str, name: str, _source: Any, _reco
     return PreparedImage(key, name, np.asarray(shown), crop, info, tensor, _record)
 
 
+def domain_reference(loaded: LoadedCheckpoint, source: DataSource) -> DomainReference:
+    """The checkpoint's own training statistics when it stored them, else the gallery's training images."""
+    stored = (loaded.config.get("training") or {}).get("domain")
+    return DomainReference.from_dict(stored) if stored else gallery_reference(source)
+
+
 @st.cache_data(max_entries=64, ttl=3600, show_spinner=False)
-def domain_check(key: str, world_dir: str, _original: np.ndarray) -> DomainCheck:
+def domain_check(key: str, ckpt: str, source: DataSource, _loaded: LoadedCheckpoint,
+                 _original: np.ndarray) -> DomainCheck:
     from PIL import Image
 
-    return load_gallery(world_dir).reference.check(Image.fromarray(_original))
+    return domain_reference(_loaded, source).check(Image.fromarray(_original))
 
 
 # ---- decoding results -----------------------------------------------------------------------------
 
 @st.cache_data(max_entries=256, ttl=3600, show_spinner="Decoding…")
-def decode(ckpt: str, image_key: str, cfg_json: str, region_key: str, _loaded: LoadedCheckpoint,
+def decode(ckpt: str, image_key: str, cfg: DecodeConfig, region_key: str, _loaded: LoadedCheckpoint,
            _tensor: Any, _intervention: Intervention | None = None) -> list[Hypothesis]:
     """The beam's hypotheses for one image (best first); ``region_key`` names the intervention."""
-    cfg = DecodeConfig.from_dict(json.loads(cfg_json))
     return beam_search(_loaded.model, _tensor.unsqueeze(0), _loaded.vocab, cfg, intervention=_intervention)[0]
 
 
@@ -178,22 +219,68 @@ def samples(ckpt: str, image_key: str, n: int, seed: int, max_len: int, _loaded:
     return sample_hard(_loaded.model, _loaded.vocab, _tensor, n, seed=seed, cfg=cfg)
 
 
-@st.cache_resource(max_entries=4, ttl=6 * 3600, show_spinner="Evaluating the gallery (once per checkpoint)…")
-def eval_records(ckpt: str, world_dir: str, cfg_json: str, _loaded: LoadedCheckpoint) -> dict[str, Any]:
-    """``eval_records.json`` of the checkpoint when it has one (corpus, grounded and attention figures
-    from its metrics), else ``sat_core.evaluate`` over the gallery now: records of one format either way."""
-    stored = _loaded.path / EVAL_RECORDS_FILE
-    if stored.is_file():
-        out = json.loads(stored.read_text(encoding="utf-8"))
-        for key in ("corpus", "grounded", "attention"):
-            out.setdefault(key, (_loaded.metrics or {}).get(key, {}))
-        out.setdefault("source", f"{stored}")
-        return out
-    from sat_core.evaluate import evaluate_images
+def _records_cache(ckpt: str, source: DataSource, cfg: DecodeConfig) -> Path:
+    """Where records of this checkpoint on this dataset split are kept between server runs."""
+    try:
+        data_stamp = source.data.stat().st_mtime_ns
+    except OSError:
+        data_stamp = 0
+    key = json.dumps([ckpt, str(source.data), data_stamp, str(source.images), source.split, cfg.to_dict()])
+    name = hashlib.sha1(key.encode()).hexdigest()[:20] + ".json"
+    for base in (Path.home() / ".cache" / "sat-explorer" / "records", Path(tempfile.gettempdir()) / "sat-explorer"):
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            return base / name
+        except OSError:
+            continue
+    return Path(tempfile.gettempdir()) / name
 
-    gallery = load_gallery(world_dir)
-    indices = [i for i, r in enumerate(gallery.data.images) if gallery.by_id.get(r.id) is r]  # the offered scenes
-    cfg = DecodeConfig.from_dict(json.loads(cfg_json))
-    out = evaluate_images(_loaded, gallery.data, indices, cfg, meteor=False)
-    out["source"] = f"computed now over {out['n_images']} {gallery.note} (beam {cfg.beam_size})"
+
+def stored_records(loaded: LoadedCheckpoint, gallery: Gallery) -> dict[str, Any] | None:
+    """The checkpoint's ``eval_records.json`` when its records are exactly the gallery's images."""
+    path = loaded.path / EVAL_RECORDS_FILE
+    if not path.is_file():
+        return None
+    doc = read_records(path)
+    names = {(r["image_id"], r.get("filename")) for r in doc["records"]}
+    if names != {(i, gallery.name(i)) for i in gallery.ids}:
+        return None  # records of another dataset or split
+    for key in ("corpus", "grounded", "attention"):
+        doc.setdefault(key, (loaded.metrics or {}).get(key, {}))
+    doc["source"] = f"{path} (stored with the checkpoint)"
+    return doc
+
+
+def cached_records(ckpt: str, gallery: Gallery, cfg: DecodeConfig) -> dict[str, Any] | None:
+    path = _records_cache(ckpt, gallery.source, cfg)
+    return read_records(path) if path.is_file() else None
+
+
+def compute_records(ckpt: str, loaded: LoadedCheckpoint, gallery: Gallery, cfg: DecodeConfig,
+                    progress: Any = None) -> dict[str, Any]:
+    """``sat_core.evaluate`` over every image of the gallery, written to the on-disk cache."""
+    from sat_core.evaluate import evaluate
+
+    out = evaluate(loaded, gallery.data, gallery.source.split, cfg, meteor=False, progress=progress)
+    out["source"] = f"computed over {out['n_images']} images of {gallery.note} (beam {cfg.beam_size})"
+    try:
+        write_json_atomic(_records_cache(ckpt, gallery.source, cfg), out)
+    except OSError:
+        pass  # no writable cache: records are computed again after a restart
     return out
+
+
+@st.cache_data(max_entries=64, ttl=3600, show_spinner=False)
+def thumbnail(path: str, side: int = 64) -> str:
+    """A small JPEG of an image as a data URI (for table rows); empty when it cannot be read."""
+    import base64
+    import io
+
+    try:
+        image = load_image(path)
+    except SatError:
+        return ""
+    image.thumbnail((side, side))
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=80)
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode()

@@ -1,10 +1,17 @@
-"""Where the server looks for checkpoints and test scenes: repo defaults, command line, environment.
+"""Where the server looks for checkpoints and for its dataset: repo defaults, command line, environment.
 
-    streamlit run explorer/app.py -- --checkpoints DIR [DIR …] --world DIR
-    SAT_CHECKPOINT_DIRS=DIR1:DIR2 SAT_WORLD_DIR=DIR streamlit run explorer/app.py
+    streamlit run explorer/app.py -- --checkpoints DIR [DIR …] --data DATASET.json --images DIR [--split test]
+    streamlit run explorer/app.py -- --world DIR          # a world folder: DIR/dataset.json + DIR's images
+    SAT_CHECKPOINT_DIRS=DIR1:DIR2 SAT_DATA=… SAT_IMAGES=… SAT_SPLIT=… streamlit run explorer/app.py
+
+``--data`` takes any Karpathy-format split file (dataset_flickr8k.json, dataset_coco.json, the worlds'
+dataset.json); ``--images`` is the folder its ``filepath``/``filename`` entries are relative to (the
+JSON's folder when left out). With no dataset named, the app uses the repo's ``data/world`` when it
+exists and otherwise generates a small gallery; a dataset that was named but cannot be read is
+reported, never replaced by another.
 
 Only folders named here (and the repo's ``checkpoints/``) may be loaded from; a path typed into
-the app outside them is refused (sat_core.checkpoint.resolve_checkpoint_path).
+the app outside them is refused (sat_core.paths.resolve_checkpoint_path).
 """
 
 from __future__ import annotations
@@ -22,16 +29,54 @@ DEFAULT_WORLD = REPO_ROOT / "data" / "world"
 
 
 @dataclass(frozen=True)
+class DataSource:
+    """The dataset the gallery, the references and error analysis read (one source for every page)."""
+
+    data: Path  # Karpathy-format JSON
+    images: Path  # folder the entries' filepath/filename are relative to
+    split: str = "test"
+    given: bool = False  # named by the user: problems are reported, never replaced by generated scenes
+
+    @property
+    def label(self) -> str:
+        return f"the {self.split} split of {self.data}"
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     checkpoint_roots: tuple[Path, ...]
-    world_dir: Path
+    source: DataSource
     device: str = "cpu"
+
+
+def _path(text: str) -> Path:
+    return Path(text).expanduser().resolve()
+
+
+def data_source(args: argparse.Namespace, environ: Mapping[str, str]) -> DataSource:
+    """--data/--images/--split (or SAT_DATA/SAT_IMAGES/SAT_SPLIT), --world DIR, else the repo's world."""
+    split = args.split or environ.get("SAT_SPLIT") or "test"
+    data = args.data or environ.get("SAT_DATA")
+    world = args.world or environ.get("SAT_WORLD_DIR")
+    if data:
+        json_path = _path(data)
+        images = args.images or environ.get("SAT_IMAGES")
+        return DataSource(json_path, _path(images) if images else json_path.parent, split, True)
+    if world:
+        folder = _path(world)
+        if folder.suffix == ".json":  # --world pointed at the JSON itself
+            return DataSource(folder, folder.parent, split, True)
+        return DataSource(folder / "dataset.json", folder, split, True)
+    return DataSource(DEFAULT_WORLD / "dataset.json", DEFAULT_WORLD, split, False)
 
 
 def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ServerSettings:
     """Combine the defaults, ``argv`` (the app's own arguments, after ``--``) and the environment."""
     parser = argparse.ArgumentParser(prog="streamlit run explorer/app.py --", add_help=False)
     parser.add_argument("--checkpoints", nargs="*", default=[])
+    parser.add_argument("--data", default=None)
+    parser.add_argument("--images", default=None)
+    parser.add_argument("--split", default=None)
     parser.add_argument("--world", default=None)
     parser.add_argument("--device", default=None)
     args, _ = parser.parse_known_args(list(argv))
@@ -41,9 +86,8 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ServerSet
         resolved = folder.expanduser().resolve()
         if resolved not in roots:
             roots.append(resolved)
-    world = args.world or environ.get("SAT_WORLD_DIR") or str(DEFAULT_WORLD)
     device = args.device or environ.get("SAT_DEVICE") or "cpu"
-    return ServerSettings(tuple(roots), Path(world).expanduser().resolve(), device)
+    return ServerSettings(tuple(roots), data_source(args, environ), device)
 
 
 def server_settings() -> ServerSettings:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import streamlit as st
@@ -78,13 +77,12 @@ def _image_ui(settings: ServerSettings, loaded) -> tuple:
     st.sidebar.subheader("Image")
     gallery, gallery_error = None, None
     try:
-        gallery = res.load_gallery(str(settings.world_dir))
+        gallery = res.load_gallery(settings.source)
     except SatError as err:
         gallery_error = str(err)
     state.keep_choice("source", ["Gallery scene", "Upload"])
     source = st.sidebar.radio("Image source", ["Gallery scene", "Upload"], key="source", horizontal=True)
     preprocess = loaded.preprocess if loaded is not None else PreprocessConfig()
-    pre_json = json.dumps(preprocess.to_dict(), sort_keys=True)
     try:
         if source == "Upload":
             upload = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES, key="upload",
@@ -93,15 +91,15 @@ def _image_ui(settings: ServerSettings, loaded) -> tuple:
                 return gallery, gallery_error, None, None, None
             data = upload.getvalue()
             source = (res.upload_key(data), upload.name, data, None)
-            return gallery, gallery_error, res.prepare_image(source[0], pre_json, *source[1:]), None, source
+            return gallery, gallery_error, res.prepare_image(source[0], preprocess, *source[1:]), None, source
         if gallery is None:
             return gallery, gallery_error, None, gallery_error, None
         state.keep_choice("scene", gallery.ids)
-        scene = st.sidebar.selectbox("Scene", gallery.ids, key="scene", format_func=lambda i: f"Scene {i}",
-                                     help=f"From the {gallery.note}")
+        scene = st.sidebar.selectbox(f"Image ({len(gallery.ids)})", gallery.ids, key="scene", format_func=gallery.name,
+                                     help=f"From {gallery.note}")
         record = gallery.by_id[scene]
         source = (f"scene:{scene}:{record.path}", record.path.name, str(record.path), record)
-        return gallery, gallery_error, res.prepare_image(source[0], pre_json, *source[1:]), None, source
+        return gallery, gallery_error, res.prepare_image(source[0], preprocess, *source[1:]), None, source
     except SatError as err:
         return gallery, gallery_error, None, str(err), None
 

@@ -28,8 +28,12 @@ URL_WIDGETS: dict[str, Callable[[str], Any]] = {
     "hard_mode": str, "seed": int, "method": str, "sigma": float, "norm": str, "opacity": float,
     "cmap": str, "coverage": lambda v: _BOOL[v.lower()], "masks": lambda v: _BOOL[v.lower()],
 }
+URL_WIDGETS.update({"closer_word": int, "err_labels": lambda v: [x for x in v.split(",") if x], "err_sort": str})
+PAGE_DEFAULTS = {"closer_word": 0, "err_sort": "CIDEr ↑ (worst first)"}  # not applied up front: pages own them
+_DECODE = DecodeConfig()
+DECODE_WIDGETS = {"beam": "beam_size", "maxlen": "max_len", "hard_mode": "hard_mode", "seed": "seed"}
 DEFAULTS: dict[str, Any] = {
-    "source": "Gallery scene", "beam": 3, "maxlen": 20, "hard_mode": "expect", "seed": 0,
+    "source": "Gallery scene", **{key: getattr(_DECODE, name) for key, name in DECODE_WIDGETS.items()},
     "method": "nearest", "sigma": 0.0, "norm": "word", "opacity": 0.6, "cmap": "viridis",
     "coverage": False, "masks": False,
 }
@@ -73,11 +77,16 @@ def current_params() -> dict[str, str]:
     out: dict[str, str] = {}
     for key in URL_WIDGETS:
         value = st.session_state.get(key)
-        if value is None or value == DEFAULTS.get(key):
+        if value is None or value == DEFAULTS.get(key, PAGE_DEFAULTS.get(key)):
             continue
         if key == "scene" and st.session_state.get("source") == "Upload":
             continue
-        out[key] = str(int(value)) if isinstance(value, bool) else str(value)
+        if isinstance(value, (list, tuple)):
+            if not value:
+                continue
+            out[key] = ",".join(map(str, value))
+        else:
+            out[key] = str(int(value)) if isinstance(value, bool) else str(value)
     if st.session_state.get(STEP):
         out["step"] = str(st.session_state[STEP])
     if st.session_state.get(FORCED):
@@ -101,6 +110,9 @@ def set_pending(**values: Any) -> None:
 def apply_pending() -> None:
     """Pending values, then defaults for widgets not set yet (widgets are drawn without defaults,
     so a value from the URL or from another page never conflicts with one)."""
+    for key in URL_WIDGETS:  # owned by the session, not the widget: a page switch cannot clean them up
+        if key in st.session_state:
+            st.session_state[key] = st.session_state[key]
     for key, value in st.session_state.pop("_pending", {}).items():
         st.session_state[key] = value
     for key, value in DEFAULTS.items():
@@ -147,8 +159,9 @@ class Context:
         return stamp(self.loaded.path) if self.loaded is not None else ""
 
     @property
-    def world_dir(self) -> str:
-        return str(self.settings.world_dir)
+    def source(self):
+        """The dataset every page reads (explorer.settings.DataSource)."""
+        return self.settings.source
 
 
 def set_context(ctx: Context) -> None:

@@ -1,22 +1,23 @@
 """The step-through decode of this browser session, shared by the step and teaching pages.
 
 One ``DecodeSession`` per (checkpoint, image, settings) lives in session state; the step count and
-the forced words (also in the URL) say where it should be, and ``sync_session`` gets it there with
+the forced words (also in the URL) say where it should be, and ``DecodeSession.sync`` gets it there with
 as few decoder steps as possible (one per click on Next).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import streamlit as st
 
-from sat_core.config import DecodeConfig
 from sat_core.decoding import DecodeSession
 from sat_core.errors import SatError
-from sat_core.explain import sync_session
 
 from explorer.state import FORCED, STEP, Context
 
 TOP_K = 5
+PLAYING, NOTICE = "_playing", "_step_notice"
+PLAY_TO_END = 99  # a step past any length cap: "the whole caption" (links from error analysis)
 
 
 def _key(ctx: Context) -> tuple:
@@ -30,9 +31,12 @@ def current_session(ctx: Context) -> tuple[DecodeSession, str | None]:
     key = _key(ctx)
     if store.get("key") != key:
         if store.get("key") is not None and not st.session_state.pop("_step_keep", False):
+            old = store["key"]
+            what = ("checkpoint" if old[0] != key[0] else "image" if old[1] != key[1] else "decoding settings")
+            if int(st.session_state.get(STEP) or 1) > 1 or st.session_state.get(FORCED):
+                notice(f"Back to step 1: the {what} changed, so the old steps no longer apply.")
             reset()  # another image or model: start again at the first word
-        cfg = DecodeConfig(beam_size=1, max_len=ctx.decode.max_len, hard_mode=ctx.decode.hard_mode,
-                           seed=ctx.decode.seed)
+        cfg = dataclasses.replace(ctx.decode, beam_size=1)
         store.update(key=key, session=DecodeSession(ctx.loaded.model, ctx.loaded.vocab, ctx.image.tensor, cfg,
                                                     top_k=TOP_K))
     session: DecodeSession = store["session"]
@@ -40,11 +44,14 @@ def current_session(ctx: Context) -> tuple[DecodeSession, str | None]:
     n = max(1, int(st.session_state.get(STEP) or 1))
     forced = dict(st.session_state.get(FORCED) or {})
     try:
-        sync_session(session, n, forced)
+        session.sync(n, forced)
     except SatError as err:
         error = f"{err} The forced words were dropped."
         st.session_state[FORCED] = {}
-        sync_session(session, n, {})
+        session.sync(n, {})
+    if len(session.steps) < n and n != PLAY_TO_END:
+        notice(f"The caption ends after {len(session.steps)} words, so step {n} does not exist: showing step "
+               f"{len(session.steps)}.")
     st.session_state[STEP] = len(session.steps)
     return session, error
 
@@ -57,8 +64,29 @@ def back() -> None:
     st.session_state[STEP] = max(1, int(st.session_state.get(STEP) or 1) - 1)
 
 
-def play(max_len: int) -> None:
-    st.session_state[STEP] = max_len  # the session stops at <end> before that
+def play() -> None:
+    """Start (or stop) stepping one word per tick of the step view's timer."""
+    st.session_state[PLAYING] = not st.session_state.get(PLAYING, False)
+
+
+def tick(session: DecodeSession) -> bool:
+    """One animation tick: the next word, or stop at the end. True while still playing."""
+    if not st.session_state.get(PLAYING):
+        return False
+    if session.done:
+        st.session_state[PLAYING] = False
+        return False
+    next_step()
+    return True
+
+
+def notice(text: str) -> None:
+    """A message for the next draw of the step view (why the view moved)."""
+    st.session_state[NOTICE] = text
+
+
+def pop_notice() -> str | None:
+    return st.session_state.pop(NOTICE, None)
 
 
 def reset() -> None:

@@ -1,22 +1,33 @@
-"""Benchmarks (not tests): training throughput and decoding speed, with peak memory.
+"""Benchmarks (not tests): training throughput, decoding speed and bf16-vs-fp32 agreement.
 
-    python -m sat_core.bench train  [--device auto|cpu|cuda] [--quick] [--json OUT]
-    python -m sat_core.bench decode [--device auto|cpu|cuda] [--quick] [--json OUT]
+    python -m sat_core.bench train  [--device auto|cpu|cuda] [--precision all|auto|fp32|bf16] [--quick] [--json OUT]
+    python -m sat_core.bench decode [--device …] [--precision …] [--model all|coco|shipped] [--quick] [--json OUT]
+    python -m sat_core.bench agreement --checkpoint checkpoints/soft --data data/world/dataset.json --images data/world
 
-Both run the decoder on precomputed random annotations (B, L, D), so the encoder is left out and the
-figures depend only on the dimensions (untrained weights decode as fast as trained ones).
+Every table says which precision ran (``sat_core.precision``); ``--precision all`` (the default) runs
+fp32 and, where the hardware has native bf16, bf16: one table per precision.
 
-``train``: one optimizer step (teacher-forced forward through ``Captioner.forward(None, captions,
-feats=…)``, the project's loss, backward, Adam) on 32 captions of 16 words, soft and hard attention,
-at the paper's dimensions (L = 196 = 14×14, D = 512, vocabulary 10,000; we choose embedding m = 512,
-LSTM n = 1024, attention MLP 512) and at ResNet dimensions (D = 2048, the rest the same).
+``train`` and ``decode`` run the decoder on precomputed random annotations (B, L, D), so the encoder
+is left out and the figures depend only on the dimensions (untrained weights run as fast as trained).
 
-``decode``: ``beam_search`` images/s for greedy and beam 3 and 5 at batch sizes 1, 16 and 64, at the
-shipped model's size (checkpoints/soft when present, decoding annotations of generated world scenes;
-else a default ModelConfig) and at COCO/ResNet size (14×14×2048, LSTM 512, embedding 512, attention
-512, vocabulary 10,000; <end> is made unreachable so every decode runs the full 16 steps). It also
-decodes the batch-64 images one at a time (the speed-up of batching) and compares the time of one
-decode step with the time of that step's matrix products alone at the same N = B·K rows.
+``train``: one optimizer step (teacher-forced ``Captioner.forward(None, captions, feats=…)``, the
+project's loss, backward, Adam) on 32 captions of 20 words + <end> (21 steps), soft and hard
+attention, at COCO dimensions (L = 196 = 14×14, D = 2048, LSTM 512, embedding 512, attention MLP 512,
+vocabulary 10,000) and at the paper's (D = 512, LSTM 1024).
+
+``decode``: ``beam_search`` images/s for greedy and beam 3 and 5 at batch sizes 1, 16 and 64, 20
+steps, at the shipped model's size (checkpoints/soft when present, decoding annotations of generated
+world scenes) and at COCO size (<end> made unreachable so every decode runs all 20 steps), and the
+batch-64 images decoded one at a time (the speed-up of batching).
+
+Each row splits a step into parts timed alone at the same N = B·K rows (decode) or B captions × T
+steps (train, forward + backward): the weight GEMMs alone (random tensors of the step's shapes, in
+the row's precision), the attention block alone (the model's own ``AttentionMLP`` + context product),
+the decoder step alone, and the whole step; and the whole step as a multiple of the bf16 GEMM floor
+(the weight GEMMs alone in bf16, what a step cannot go below on this hardware).
+
+``agreement``: decodes a checkpoint's split in fp32 and in bf16 and reports the share of images whose
+best caption is the same, and both BLEU-4s.
 
 Peak memory is the CUDA allocator's peak above the level before the run, or on CPU the growth of
 the process's peak resident set (VmHWM, reset through /proc/self/clear_refs) over the RSS before it.
@@ -40,7 +51,9 @@ import torch
 from sat_core.config import DecodeConfig, ModelConfig
 from sat_core.decoding import beam_search, pick_device
 from sat_core.errors import SatError
+from sat_core.models.attention import attend
 from sat_core.models.captioner import Captioner
+from sat_core.precision import PRECISIONS, autocast, cpu_flags, cpu_has_bf16, resolve
 from sat_core.vocab import SPECIALS, Vocab
 
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "soft"
@@ -137,20 +150,118 @@ def timed(fn: Callable[[], Any], device: torch.device, *, warmup: int = 1, min_t
     return best, mem
 
 
-def _autocast(device: torch.device, bf16: bool):
-    return torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+def _cases(devices: list[torch.device], choice: str) -> list[tuple[torch.device, str]]:
+    """(device, precision) pairs: ``all`` is fp32 and, where the hardware has native bf16, bf16."""
+    if choice != "all":
+        return [(d, resolve(d, choice)) for d in devices]
+    return [(d, p) for d in devices for p in ("fp32", "bf16") if p == "fp32" or resolve(d, "auto") == "bf16"]
 
 
-def _cases(devices: list[torch.device]) -> list[tuple[torch.device, bool]]:
-    """(device, bf16) pairs: fp32 everywhere, plus bf16 autocast on CUDA."""
-    return [(d, False) for d in devices] + [(d, True) for d in devices if d.type == "cuda"]
+def _progress(row: dict[str, Any]) -> dict[str, Any]:
+    """Show each figure as it comes (a full run takes minutes); stderr keeps stdout to the tables."""
+    print("  " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
+          file=sys.stderr, flush=True)
+    return row
+
+
+# ---- the parts of a step, timed alone ----------------------------------------------------------------
+
+Gemm = tuple[int, int, int]  # (rows M, inputs K, outputs N): x (M, K) @ W (K, N)
+
+
+def decode_gemms(d: Dims, N: int) -> list[Gemm]:
+    """One decode step's weight products at N rows: W_h, LSTM (input and recurrent), f_β, L_h, L_z, L_o."""
+    return [(N, d.n, d.A), (N, d.m + d.D, 4 * d.n), (N, d.n, 4 * d.n), (N, d.n, 1), (N, d.n, d.m),
+            (N, d.D, d.m), (N, d.m, d.V)]
+
+
+def train_gemms(d: Dims, B: int, T: int) -> list[Gemm]:
+    """The lean teacher-forced pass's weight products: once per caption batch, then per step."""
+    R = B * T  # rows of the products that run once over all steps
+    once = [(B * d.L, d.D, d.A), (B, d.D, d.n), (B, d.D, d.n), (R, d.m, 4 * d.n), (R, d.n, d.m),
+            (R, d.D, d.m), (R, d.m, d.V)]
+    per_step = [(B, d.n, d.A), (B, d.D, 4 * d.n), (B, d.n, 4 * d.n), (B, d.n, 1)]
+    return once + per_step * T
+
+
+def gemm_runner(shapes: list[Gemm], device: torch.device, dtype: torch.dtype,
+                backward: bool = False) -> Callable[[], None]:
+    """The products alone on random tensors; ``backward`` adds both gradient products of each."""
+    made: dict[Gemm, tuple[torch.Tensor, ...]] = {}
+    for M, K, N in shapes:
+        if (M, K, N) not in made:
+            r = lambda *shape: torch.randn(*shape, device=device, dtype=dtype)  # noqa: E731
+            made[(M, K, N)] = (r(M, K), r(K, N), r(M, N))
+    mats = [made[s] for s in shapes]
+
+    def run() -> None:
+        for x, w, g in mats:
+            torch.mm(x, w)  # (M, N)
+            if backward:
+                torch.mm(g, w.t())  # ∂/∂x: (M, K)
+                torch.mm(x.t(), g)  # ∂/∂W: (K, N)
+
+    return run
+
+
+def _timed_in(precision: str, fn: Callable[[], Any], device: torch.device, **kwargs: Any) -> float:
+    """Best time of ``fn`` with autocast entered once around all runs (as beam_search does)."""
+    with autocast(device, precision):
+        return timed(fn, device, **kwargs)[0]
+
+
+def attention_decode_runner(model: Captioner, dims: Dims, B: int, K: int, device: torch.device,
+                            precision: str) -> Callable[[], None]:
+    """The model's attention block alone at N = B·K rows: α from h (f_att) and the context product."""
+    dec = model.decoder
+    with torch.no_grad(), autocast(device, precision):
+        prep, _, _ = dec.prepare(torch.randn(B, dims.L, dims.D, device=device))  # (B, L, A)
+    h = torch.randn(B * K, dims.n, device=device)  # (N, n)
+
+    @torch.no_grad()
+    def run() -> None:
+        attend(prep.feats, dec.attention(prep.proj, h))  # (N, L) -> (N, D)
+
+    return run
+
+
+def step_decode_runner(model: Captioner, dims: Dims, B: int, K: int, device: torch.device,
+                       precision: str) -> Callable[[], None]:
+    """``Decoder.step`` alone at N = B·K rows (no beam bookkeeping)."""
+    dec = model.decoder
+    with torch.no_grad(), autocast(device, precision):
+        prep, h, c = dec.prepare(torch.randn(B, dims.L, dims.D, device=device))
+    h, c = h.repeat_interleave(K, 0), c.repeat_interleave(K, 0)  # (N, n)
+    tokens = torch.full((B * K,), len(SPECIALS), dtype=torch.long, device=device)
+
+    @torch.no_grad()
+    def run() -> None:
+        dec.step(tokens, h, c, prep)
+
+    return run
+
+
+def attention_train_runner(model: Captioner, dims: Dims, B: int, T: int, device: torch.device,
+                           precision: str) -> Callable[[], None]:
+    """The attention block of T teacher-forced steps alone, forward and backward."""
+    dec = model.decoder
+    feats = torch.randn(B, dims.L, dims.D, device=device)
+    hs = torch.randn(T, B, dims.n, device=device, requires_grad=True)
+
+    def run() -> None:
+        with autocast(device, precision):
+            prep, _, _ = dec.prepare(feats)
+            total = sum(attend(prep.feats, dec.attention(prep.proj, hs[t]))[0].float().sum() for t in range(T))
+        total.backward()
+
+    return run
 
 
 # ---- train --------------------------------------------------------------------------------------------
 
-def train_case(dims: Dims, attention: str, device: torch.device, *, bf16: bool = False, batch: int = 32,
-               length: int = 16, min_time: float = 1.0) -> dict[str, Any]:
-    """Captions/s and peak memory of training steps on random annotations and captions."""
+def train_case(dims: Dims, attention: str, device: torch.device, precision: str = "fp32", *, batch: int = 32,
+               length: int = 20, min_time: float = 1.0, floor: bool = True) -> dict[str, Any]:
+    """Captions/s, the parts of a step timed alone, and peak memory of training steps on random data."""
     from sat_core.losses import MovingBaseline, caption_loss
 
     torch.manual_seed(0)
@@ -163,7 +274,7 @@ def train_case(dims: Dims, attention: str, device: torch.device, *, bf16: bool =
     hard, baseline = config.attention == "hard", MovingBaseline(config.hard.baseline_decay)
 
     def step() -> None:
-        with _autocast(device, bf16):
+        with autocast(device, precision):  # once per step: weights are cast once per step
             out = model(None, captions, feats=feats)
             loss = caption_loss(out, captions[:, 1:], dsa_lambda=0.0 if hard else 1.0,
                                 hard=config.hard if hard else None, baseline=baseline).total
@@ -173,23 +284,23 @@ def train_case(dims: Dims, attention: str, device: torch.device, *, bf16: bool =
         optimizer.step()
 
     seconds, mem = timed(step, device, min_time=min_time)
-    return {"device": device.type, "dtype": "bf16" if bf16 else "fp32", "dims": dims.name,
-            "attention": attention, "batch": batch, "steps": length + 1,
-            "captions_per_s": batch / seconds, "ms_per_step": 1000 * seconds, "peak_mb": mem.mb}
+    T, short = length + 1, {"warmup": 1, "min_time": min_time / 4, "max_runs": 5}
+    shapes = train_gemms(dims, batch, T)
+    gemm_s = timed(gemm_runner(shapes, device, _DTYPES[precision], backward=True), device, **short)[0]
+    floor_s = (timed(gemm_runner(shapes, device, torch.bfloat16, backward=True), device, **short)[0]
+               if floor else float("nan"))
+    attn_s = timed(attention_train_runner(model, dims, batch, T, device, precision), device, **short)[0]
+    return {"device": device.type, "precision": precision, "dims": dims.name, "attention": attention,
+            "batch": batch, "steps": T, "captions_per_s": batch / seconds, "ms_per_step": 1000 * seconds,
+            "gemm_ms": 1000 * gemm_s, "attention_ms": 1000 * attn_s, "bf16_floor_ms": 1000 * floor_s,
+            "step_over_floor": seconds / floor_s, "peak_mb": mem.mb}
 
 
-def _progress(row: dict[str, Any]) -> dict[str, Any]:
-    """Show each figure as it comes (a full run takes minutes); stderr keeps stdout to the tables."""
-    print("  " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
-          file=sys.stderr, flush=True)
-    return row
-
-
-def run_train(devices: list[torch.device], *, quick: bool = False) -> list[dict[str, Any]]:
-    sizes = [QUICK] if quick else [PAPER, RESNET]
+def run_train(devices: list[torch.device], *, quick: bool = False, precision: str = "all") -> list[dict[str, Any]]:
+    sizes = [QUICK] if quick else [COCO, PAPER]
     kwargs = {"batch": 4, "length": 4, "min_time": 0.0} if quick else {}
-    return [_progress(train_case(dims, attention, device, bf16=bf16, **kwargs))
-            for device, bf16 in _cases(devices) for dims in sizes for attention in ("soft", "hard")]
+    return [_progress(train_case(dims, attention, device, p, **kwargs))
+            for device, p in _cases(devices, precision) for dims in sizes for attention in ("soft", "hard")]
 
 
 # ---- decode -------------------------------------------------------------------------------------------
@@ -234,31 +345,9 @@ def shipped_model(images: int) -> DecodeModel:
     scenes = [Image.fromarray(world.render(world.generate_scene(rng))) for _ in range(images)]
     batch = torch.stack([preprocess(img, loaded.preprocess)[0] for img in scenes])  # (B, 3, S, S)
     with torch.no_grad():
-        feats = loaded.model.encode(batch)  # (B, L, D)
+        feats = loaded.model.encode(batch).feats  # (B, L, D)
     dims = dims_of(loaded.model_config, feats.shape[1], "shipped checkpoints/soft")
     return DecodeModel(dims.name, loaded.model, loaded.vocab, feats, dims)
-
-
-def step_matmuls(dims: Dims, B: int, K: int, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
-    """One decode step's matrix products alone (raw matmul/bmm/addmm) on same-shaped random tensors."""
-    L, D, V, m, n, A, N = dims.L, dims.D, dims.V, dims.m, dims.n, dims.A, B * K
-    r = lambda *shape: torch.randn(*shape, device=device, dtype=dtype)  # noqa: E731
-    h, x, ctx, emb = r(N, n), r(N, m + D), r(N, D), r(N, m)
-    W_h, proj, w = r(n, A), r(B, 1, L, A), r(A, 1)
-    alpha, feats = r(B, K, L), r(B, L, D)
-    W_ih, W_hh, b_g = r(m + D, 4 * n), r(n, 4 * n), r(4 * n)
-    L_h, L_z, L_o, b_o, f_beta = r(n, m), r(D, m), r(m, V), r(V), r(n, 1)
-
-    def run() -> None:
-        wh = torch.matmul(h, W_h).view(B, K, 1, A)  # W_h h_{t−1}: (B, K, 1, A)
-        torch.matmul(torch.tanh(proj + wh).view(N * L, A), w)  # e = w^T tanh(…): (N·L, 1)
-        torch.bmm(alpha, feats)  # ẑ = α·a: (B, K, D)
-        torch.matmul(h, f_beta)  # β gate: (N, 1)
-        torch.addmm(torch.addmm(b_g, x, W_ih), h, W_hh)  # LSTM gates: (N, 4n)
-        torch.matmul(h, L_h) + torch.matmul(ctx, L_z)  # L_h h, L_z ẑ: (N, m)
-        torch.addmm(b_o, emb, L_o)  # L_o: (N, V)
-
-    return run
 
 
 def _steps_taken(results) -> int:
@@ -266,56 +355,110 @@ def _steps_taken(results) -> int:
     return max(len(h.tokens) for hyps in results for h in hyps)
 
 
-def decode_case(dm: DecodeModel, device: torch.device, bf16: bool, K: int, B: int, max_len: int,
-                min_time: float) -> dict[str, Any]:
-    """images/s, steps, ms/step, the step's matrix products alone, and peak memory of one batch."""
-    feats, cfg = dm.feats[:B].to(device), DecodeConfig(beam_size=K, max_len=max_len)
+def decode_case(dm: DecodeModel, device: torch.device, precision: str, K: int, B: int, max_len: int,
+                min_time: float, floor: bool = True) -> dict[str, Any]:
+    """images/s and the parts of one step timed alone, at N = B·K rows, and peak memory of one batch."""
+    feats, cfg = dm.feats[:B].to(device), DecodeConfig(beam_size=K, max_len=max_len, precision=precision)
     results: list = []
 
     def run() -> None:
-        results[:] = beam_search(dm.model, feats, dm.vocab, cfg, amp=bf16)
+        results[:] = beam_search(dm.model, feats, dm.vocab, cfg)
 
     seconds, mem = timed(run, device, min_time=min_time)
     steps = _steps_taken(results)
-    dtype = torch.bfloat16 if bf16 else torch.float32
-    matmul_s, _ = timed(step_matmuls(dm.dims, B, K, device, dtype), device, warmup=2, min_time=min_time / 4,
-                        max_runs=20)
     step_ms = 1000 * seconds / steps
-    return {"device": device.type, "dtype": "bf16" if bf16 else "fp32", "model": dm.name, "beam": K,
-            "batch": B, "images_per_s": B / seconds, "steps": steps, "ms_per_step": step_ms,
-            "matmul_ms_per_step": 1000 * matmul_s, "step_over_matmul": step_ms / (1000 * matmul_s),
-            "peak_mb": mem.mb}
+    short = {"warmup": 2, "min_time": min_time / 4, "max_runs": 20}
+    shapes = decode_gemms(dm.dims, B * K)
+    gemm_ms = 1000 * timed(gemm_runner(shapes, device, _DTYPES[precision]), device, **short)[0]
+    floor_ms = (1000 * timed(gemm_runner(shapes, device, torch.bfloat16), device, **short)[0]
+                if floor else float("nan"))
+    attn_ms = 1000 * _timed_in(precision, attention_decode_runner(dm.model, dm.dims, B, K, device, precision),
+                               device, **short)
+    dec_ms = 1000 * _timed_in(precision, step_decode_runner(dm.model, dm.dims, B, K, device, precision),
+                              device, **short)
+    return {"device": device.type, "precision": precision, "model": dm.name, "beam": K, "batch": B,
+            "images_per_s": B / seconds, "steps": steps, "ms_per_step": step_ms, "decoder_step_ms": dec_ms,
+            "gemm_ms": gemm_ms, "attention_ms": attn_ms, "bf16_floor_ms": floor_ms,
+            "step_over_gemm": step_ms / gemm_ms, "step_over_floor": step_ms / floor_ms, "peak_mb": mem.mb}
 
 
-def one_by_one_case(dm: DecodeModel, device: torch.device, bf16: bool, K: int, B: int, max_len: int,
+def one_by_one_case(dm: DecodeModel, device: torch.device, precision: str, K: int, B: int, max_len: int,
                     batched_images_per_s: float) -> dict[str, Any]:
     """The same B images decoded one at a time: images/s and the speed-up of batching."""
-    feats, cfg = dm.feats[:B].to(device), DecodeConfig(beam_size=K, max_len=max_len)
-    run = lambda: [beam_search(dm.model, feats[i : i + 1], dm.vocab, cfg, amp=bf16) for i in range(B)]  # noqa: E731
+    feats = dm.feats[:B].to(device)
+    cfg = DecodeConfig(beam_size=K, max_len=max_len, precision=precision)
+    run = lambda: [beam_search(dm.model, feats[i : i + 1], dm.vocab, cfg) for i in range(B)]  # noqa: E731
     seconds, _ = timed(run, device, warmup=0, max_runs=1)
-    return {"device": device.type, "dtype": "bf16" if bf16 else "fp32", "model": dm.name, "beam": K,
+    return {"device": device.type, "precision": precision, "model": dm.name, "beam": K,
             "batch": B, "batched_images_per_s": batched_images_per_s, "one_by_one_images_per_s": B / seconds,
             "speedup": batched_images_per_s * seconds / B}
 
 
-def run_decode(devices: list[torch.device], *, quick: bool = False) -> dict[str, list[dict[str, Any]]]:
+def run_decode(devices: list[torch.device], *, quick: bool = False, precision: str = "all",
+               which: str = "all") -> dict[str, list[dict[str, Any]]]:
     beams, batches = ((1, 2), (1, 4)) if quick else ((1, 3, 5), (1, 16, 64))
-    max_len, min_time = (4, 0.0) if quick else (16, 1.0)
-    models = [random_model(QUICK, max(batches))] if quick else [shipped_model(64), random_model(COCO, 64)]
+    max_len, min_time = (4, 0.0) if quick else (20, 1.0)
+    if quick:
+        models = [random_model(QUICK, max(batches))]
+    else:
+        models = ([shipped_model(64)] if which in ("all", "shipped") else []) + \
+                 ([random_model(COCO, 64)] if which in ("all", "coco") else [])
     rows, serial = [], []
-    for device, bf16 in _cases(devices):
+    for device, p in _cases(devices, precision):
         for dm in models:
             dm.model.to(device)
             for K in beams:
                 for B in batches:
-                    rows.append(_progress(decode_case(dm, device, bf16, K, B, max_len, min_time)))
-                serial.append(_progress(one_by_one_case(dm, device, bf16, K, B, max_len,
+                    rows.append(_progress(decode_case(dm, device, p, K, B, max_len, min_time)))
+                serial.append(_progress(one_by_one_case(dm, device, p, K, B, max_len,
                                                         rows[-1]["images_per_s"])))
             dm.model.to("cpu")
     return {"decode": rows, "one_by_one": serial}
 
 
+# ---- agreement: bf16 vs fp32 on a checkpoint's split ----------------------------------------------------
+
+def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam: int, max_len: int,
+                  device: torch.device, limit: int = 0) -> dict[str, Any]:
+    """Best captions in fp32 and bf16 for every image of ``split``: the share that agree, both BLEU-4s."""
+    from sat_core.checkpoint import load_checkpoint
+    from sat_core.data import EvalImages, ImageStore, load_karpathy, normalise
+    from sat_core.metrics import caption_metrics
+
+    loaded = load_checkpoint(checkpoint)
+    model = loaded.model.to(device).eval()
+    data = load_karpathy(data_path, images)
+    store = ImageStore(data, loaded.preprocess, splits=(split,), progress=False)
+    evals = EvalImages(data, split, store, batch_size=64)
+    if limit:
+        evals.image_ids = evals.image_ids[:limit]
+    captions: dict[str, dict[int, str]] = {"fp32": {}, "bf16": {}}
+    refs: dict[int, list[str]] = {}
+    seconds = {"fp32": 0.0, "bf16": 0.0}
+    for ids, batch in evals:
+        batch = normalise(batch.to(device), loaded.preprocess)
+        for p in captions:
+            started = time.perf_counter()
+            hyps = beam_search(model, batch, loaded.vocab, DecodeConfig(beam_size=beam, max_len=max_len, precision=p))
+            seconds[p] += time.perf_counter() - started
+            for i, h in zip(ids, hyps):
+                captions[p][i] = h[0].caption
+        for i in ids:
+            refs[i] = [" ".join(s) for s in evals.references(i)]
+    bleu = {p: caption_metrics(refs, c, meteor=False).corpus["BLEU-4"] for p, c in captions.items()}
+    same = sum(captions["fp32"][i] == captions["bf16"][i] for i in refs)
+    return {"checkpoint": checkpoint, "split": split, "images": len(refs), "beam": beam, "device": device.type,
+            "same_best_caption": same / max(len(refs), 1), "bleu4_fp32": bleu["fp32"], "bleu4_bf16": bleu["bf16"],
+            "bleu4_delta": bleu["bf16"] - bleu["fp32"], "seconds_fp32": seconds["fp32"],
+            "seconds_bf16": seconds["bf16"],
+            "differing": [{"image": i, "fp32": captions["fp32"][i], "bf16": captions["bf16"][i]}
+                          for i in refs if captions["fp32"][i] != captions["bf16"][i]]}
+
+
 # ---- command line -------------------------------------------------------------------------------
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
 
 def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
     """Rows as a fixed-width text table; columns are (key, header, format)."""
@@ -325,18 +468,29 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> st
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells)
 
 
-TRAIN_COLUMNS = [("device", "device", ""), ("dtype", "dtype", ""), ("dims", "dimensions", ""),
-                 ("attention", "attention", ""), ("batch", "batch", "d"), ("steps", "steps", "d"), ("captions_per_s", "captions/s", ".1f"),
-                 ("ms_per_step", "ms/step", ".1f"), ("peak_mb", "peak MB", ".0f")]
-DECODE_COLUMNS = [("device", "device", ""), ("dtype", "dtype", ""), ("model", "model", ""),
-                  ("beam", "beam", "d"), ("batch", "batch", "d"), ("images_per_s", "images/s", ".1f"),
-                  ("steps", "steps", "d"), ("ms_per_step", "ms/step", ".2f"),
-                  ("matmul_ms_per_step", "matmul ms", ".2f"), ("step_over_matmul", "step/matmul", ".2f"),
+TRAIN_COLUMNS = [("device", "device", ""), ("dims", "dimensions", ""), ("attention", "attention", ""),
+                 ("batch", "batch", "d"), ("steps", "steps", "d"), ("captions_per_s", "captions/s", ".1f"),
+                 ("ms_per_step", "ms/step", ".1f"), ("gemm_ms", "GEMMs ms", ".1f"),
+                 ("attention_ms", "attention ms", ".1f"), ("bf16_floor_ms", "bf16 floor ms", ".1f"),
+                 ("step_over_floor", "step/floor", ".2f"), ("peak_mb", "peak MB", ".0f")]
+DECODE_COLUMNS = [("device", "device", ""), ("model", "model", ""), ("beam", "beam", "d"),
+                  ("batch", "batch", "d"), ("images_per_s", "images/s", ".1f"), ("steps", "steps", "d"),
+                  ("ms_per_step", "ms/step", ".2f"), ("decoder_step_ms", "decoder step ms", ".2f"),
+                  ("gemm_ms", "GEMMs ms", ".2f"), ("attention_ms", "attention ms", ".2f"),
+                  ("bf16_floor_ms", "bf16 floor ms", ".2f"), ("step_over_floor", "step/floor", ".2f"),
                   ("peak_mb", "peak MB", ".1f")]
-SERIAL_COLUMNS = [("device", "device", ""), ("dtype", "dtype", ""), ("model", "model", ""),
+SERIAL_COLUMNS = [("device", "device", ""), ("model", "model", ""),
                   ("beam", "beam", "d"), ("batch", "images", "d"),
                   ("batched_images_per_s", "batched img/s", ".1f"),
                   ("one_by_one_images_per_s", "one-by-one img/s", ".1f"), ("speedup", "speed-up", ".1f")]
+
+
+def _by_precision(rows: list[dict[str, Any]], columns, title: str) -> str:
+    """One table per precision, each titled with it."""
+    out = []
+    for p in dict.fromkeys(r["precision"] for r in rows):
+        out.append(f"{title} — precision {p}\n" + table([r for r in rows if r["precision"] == p], columns))
+    return "\n\n".join(out)
 
 
 def _devices(name: str) -> list[torch.device]:
@@ -347,26 +501,38 @@ def _devices(name: str) -> list[torch.device]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sat_core.bench", description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=("train", "decode"))
+    p.add_argument("what", choices=("train", "decode", "agreement"))
     p.add_argument("--device", default="auto", help="auto (CPU, and CUDA when present) | cpu | cuda")
+    p.add_argument("--precision", default="all", choices=("all", *PRECISIONS),
+                   help="all: fp32 and, where the hardware has native bf16, bf16 (train, decode)")
+    p.add_argument("--model", default="all", choices=("all", "coco", "shipped"), help="decode: which models")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a benchmark")
     p.add_argument("--json", dest="json_out", help="also write the figures to this JSON file")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+    p.add_argument("--checkpoint", default="checkpoints/soft", help="agreement: the checkpoint")
+    p.add_argument("--data", default="data/world/dataset.json", help="agreement: Karpathy-format dataset JSON")
+    p.add_argument("--images", default="data/world", help="agreement: the dataset's image folder")
+    p.add_argument("--split", default="test", help="agreement: the split to decode")
+    p.add_argument("--beam", type=int, default=3, help="agreement: beam size")
+    p.add_argument("--max-len", type=int, default=20, help="agreement: length cap")
+    p.add_argument("--limit", type=int, default=0, help="agreement: first N images only (0: all)")
     return p
 
 
-def run(what: str, devices: list[torch.device], *, quick: bool = False) -> dict[str, Any]:
+def run(what: str, devices: list[torch.device], *, quick: bool = False, precision: str = "all",
+        which: str = "all") -> dict[str, Any]:
     """Run one benchmark, print its tables, return the figures."""
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads"
+    cpu = "with AMX" if "amx_bf16" in cpu_flags() else "with AVX512-BF16" if cpu_has_bf16() else "no native bf16"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, CPU {cpu}"
           + "".join(f", {torch.cuda.get_device_name(d)}" for d in devices if d.type == "cuda"))
     if what == "train":
-        figures: dict[str, Any] = {"train": run_train(devices, quick=quick)}
-        print(table(figures["train"], TRAIN_COLUMNS))
+        figures: dict[str, Any] = {"train": run_train(devices, quick=quick, precision=precision)}
+        print(_by_precision(figures["train"], TRAIN_COLUMNS, "training"))
         return figures
-    figures = run_decode(devices, quick=quick)
-    print(table(figures["decode"], DECODE_COLUMNS))
-    print("\nbatched vs one image at a time (the same images)")
-    print(table(figures["one_by_one"], SERIAL_COLUMNS))
+    figures = run_decode(devices, quick=quick, precision=precision, which=which)
+    print(_by_precision(figures["decode"], DECODE_COLUMNS, "decoding"))
+    print()
+    print(_by_precision(figures["one_by_one"], SERIAL_COLUMNS, "batched vs one image at a time (the same images)"))
     return figures
 
 
@@ -382,7 +548,19 @@ def main(argv: list[str] | None = None) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or threads)
     try:
-        figures = run(args.what, devices, quick=args.quick)
+        if args.what == "agreement":
+            figures = run_agreement(args.checkpoint, args.data, args.images, args.split, args.beam, args.max_len,
+                                    devices[-1], args.limit)
+            print(f"{figures['checkpoint']} {figures['split']} split, {figures['images']} images, beam "
+                  f"{figures['beam']}, {figures['device']}: same best caption in bf16 and fp32 for "
+                  f"{100 * figures['same_best_caption']:.1f} %; BLEU-4 fp32 {figures['bleu4_fp32']:.4f}, "
+                  f"bf16 {figures['bleu4_bf16']:.4f} (Δ {figures['bleu4_delta']:+.4f}); decoding "
+                  f"{figures['seconds_fp32']:.1f} s fp32, {figures['seconds_bf16']:.1f} s bf16")
+        else:
+            figures = run(args.what, devices, quick=args.quick, precision=args.precision, which=args.model)
+    except SatError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     finally:
         torch.set_num_threads(threads)  # main() may run inside another program (tests)
     if args.json_out:

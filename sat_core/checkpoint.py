@@ -15,192 +15,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import shutil
 import tempfile
 import uuid
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from sat_core.config import ModelConfig, PreprocessConfig
 from sat_core.errors import CheckpointError, SatError
+from sat_core.io import atomic_write, fsync_dir, read_tensors, save_tensors_atomic, write_json_atomic
+from sat_core.paths import CHECKPOINT_FILES, CONFIG_FILE, WEIGHTS_FILE, resolve_checkpoint_path
 from sat_core.vocab import Vocab
 
 FORMAT = "sat-explorer/1"
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.json"
-CARD_FILE = "MODEL_CARD.md"
-CHECKPOINT_FILES = (WEIGHTS_FILE, CONFIG_FILE, METRICS_FILE, CARD_FILE)
+METRICS_FILE, CARD_FILE = CHECKPOINT_FILES[2:]
 PICKLE_SUFFIXES = {".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt"}
-
-
-# ---- atomic writes -------------------------------------------------------------------------------
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable: fsync the directory entry (a no-op where the OS cannot)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, write: Any) -> Path:
-    """Call ``write(tmp_path)``, fsync, then rename over ``path``; the temp file never survives."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        write(tmp)
-        _fsync_file(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
-def write_json_atomic(path: str | Path, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
-    text = json.dumps(obj, indent=2) + "\n"  # serialise first: a TypeError must not touch the disk
-    return _atomic_write(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
-
-
-def _storable(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Detached, contiguous CPU tensors, none sharing memory (safetensors refuses shared storage)."""
-    out, seen = {}, set()
-    for key, tensor in tensors.items():
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{key!r} is a {type(tensor).__name__}, not a tensor")
-        tensor = tensor.detach().to("cpu").contiguous()
-        ptr = tensor.untyped_storage().data_ptr()
-        if tensor.numel() and ptr in seen:
-            tensor = tensor.clone()  # tied weights: store each name separately
-        seen.add(ptr)
-        out[key] = tensor
-    return out
-
-
-def save_tensors_atomic(
-    path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
-) -> Path:
-    """Write ``tensors`` to a .safetensors file atomically (metadata: str -> str)."""
-    from safetensors.torch import save_file
-
-    storable = _storable(tensors)
-    return _atomic_write(Path(path), lambda tmp: save_file(storable, str(tmp), metadata=metadata))
-
-
-def read_tensors(path: str | Path, *, device: str = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Read a .safetensors file; a missing, truncated or corrupt file raises CheckpointError."""
-    from safetensors import safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"The weights file {str(path)!r} does not exist.")
-    try:
-        with safe_open(str(path), framework="pt", device=str(device)) as handle:
-            metadata = dict(handle.metadata() or {})
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
-    except Exception as exc:  # safetensors raises SafetensorError / OSError with terse texts
-        raise CheckpointError(
-            f"The weights file {str(path)!r} is truncated or corrupt and cannot be read as safetensors "
-            f"({exc}). Copy or download the checkpoint again."
-        ) from exc
-    return tensors, metadata
-
-
-# ---- nested state <-> flat tensors + JSON skeleton ------------------------------------------------
-
-def flatten_state(obj: Any) -> tuple[dict[str, torch.Tensor], Any]:
-    """Split a nested structure into flat tensors and a JSON-serialisable skeleton.
-
-    Handles dicts (any hashable JSON-like keys, int keys kept as ints), lists, tuples, tensors,
-    numpy arrays and scalars, Python numbers, strings, bools and None. ``unflatten_state`` inverts it.
-    """
-    tensors: dict[str, torch.Tensor] = {}
-    return tensors, _encode(obj, "state", tensors)
-
-
-def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        key = _unused_key(path, tensors)
-        tensors[key] = obj
-        return {"__tensor__": key}
-    if isinstance(obj, np.ndarray):
-        if obj.dtype.hasobject:
-            raise TypeError(f"{path}: numpy arrays of Python objects cannot be stored")
-        raw = torch.from_numpy(np.ascontiguousarray(obj).reshape(-1).view(np.uint8).copy())
-        key = _unused_key(path, tensors)
-        tensors[key] = raw  # raw bytes: exact for every numpy dtype, incl. uint32 RNG keys
-        return {"__ndarray__": key, "dtype": obj.dtype.str, "shape": list(obj.shape)}
-    if isinstance(obj, np.generic):
-        return {"__npscalar__": obj.dtype.str, "value": _encode(obj.item(), path, tensors)}
-    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
-        return obj
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else {"__float__": repr(obj)}  # JSON has no nan/inf
-    if isinstance(obj, dict):
-        return {"__dict__": [[_encode(k, f"{path}.key", tensors), _encode(v, f"{path}.{k}", tensors)]
-                             for k, v in obj.items()]}
-    if isinstance(obj, list):
-        return [_encode(v, f"{path}.{i}", tensors) for i, v in enumerate(obj)]
-    if isinstance(obj, tuple):
-        return {"__tuple__": [_encode(v, f"{path}.{i}", tensors) for i, v in enumerate(obj)]}
-    raise TypeError(f"{path}: cannot store a {type(obj).__name__} in a checkpoint")
-
-
-def _unused_key(path: str, tensors: dict[str, torch.Tensor]) -> str:
-    """The path itself, or path#n when another entry (e.g. key 1 and key "1") already took it."""
-    key, n = path, 1
-    while key in tensors:
-        key, n = f"{path}#{n}", n + 1
-    return key
-
-
-def unflatten_state(tensors: dict[str, torch.Tensor], skeleton: Any) -> Any:
-    """Rebuild the structure ``flatten_state`` split (tensor dtypes and int keys preserved)."""
-    if isinstance(skeleton, list):
-        return [unflatten_state(tensors, v) for v in skeleton]
-    if not isinstance(skeleton, dict):
-        return skeleton
-    if "__tensor__" in skeleton:
-        return tensors[skeleton["__tensor__"]]
-    if "__ndarray__" in skeleton:
-        raw = tensors[skeleton["__ndarray__"]].numpy()
-        return raw.view(np.dtype(skeleton["dtype"])).reshape(skeleton["shape"]).copy()
-    if "__npscalar__" in skeleton:
-        return np.dtype(skeleton["__npscalar__"]).type(unflatten_state(tensors, skeleton["value"]))
-    if "__float__" in skeleton:
-        return float(skeleton["__float__"])
-    if "__tuple__" in skeleton:
-        return tuple(unflatten_state(tensors, v) for v in skeleton["__tuple__"])
-    if "__dict__" in skeleton:
-        return {unflatten_state(tensors, k): unflatten_state(tensors, v) for k, v in skeleton["__dict__"]}
-    raise ValueError(f"Unknown entry in a state skeleton: {sorted(skeleton)}")
 
 
 # ---- saving ---------------------------------------------------------------------------------------
@@ -257,12 +93,12 @@ def save_checkpoint(
         if metrics:
             write_json_atomic(staging / METRICS_FILE, metrics)
         if model_card is not None:
-            _atomic_write(staging / CARD_FILE, lambda tmp: tmp.write_text(model_card, encoding="utf-8"))
+            atomic_write(staging / CARD_FILE, lambda tmp: tmp.write_text(model_card, encoding="utf-8"))
         for name, obj in (extra_json or {}).items():
             write_json_atomic(staging / name, obj)
         for name, tensors in (extra_tensors or {}).items():
             save_tensors_atomic(staging / name, tensors)
-        _fsync_dir(staging)
+        fsync_dir(staging)
         _swap_into_place(staging, directory)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -295,9 +131,9 @@ def _swap_into_place(staging: Path, directory: Path) -> None:
         except BaseException:
             os.rename(old, directory)  # put the previous checkpoint back
             raise
-        _fsync_dir(directory.parent)
+        fsync_dir(directory.parent)
         shutil.rmtree(old, ignore_errors=True)
-    _fsync_dir(directory.parent)
+    fsync_dir(directory.parent)
 
 
 # ---- reading ------------------------------------------------------------------------------------
@@ -522,86 +358,3 @@ def _read_metrics(folder: Path, config: dict[str, Any]) -> dict[str, Any] | None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             pass  # damaged metrics must not stop the model from loading
     return config.get("metrics") or None
-
-
-# ---- paths typed by users -------------------------------------------------------------------------
-
-def resolve_checkpoint_path(user_path: str, allowed_roots: Sequence[Path]) -> Path:
-    """Resolve a typed path (symlinks and '..' followed) and refuse it unless inside an allowed root.
-
-    A relative path is tried against the working directory, then against each root.
-    """
-    roots = [Path(r).expanduser().resolve() for r in allowed_roots]
-    where = ", ".join(str(r) for r in roots) or "(none configured)"
-    text = (user_path or "").strip()
-    if not text:
-        raise CheckpointError(
-            f"No checkpoint path given. Type the path of a checkpoint folder inside: {where}."
-        )
-    if not roots:
-        raise CheckpointError(
-            "No checkpoint folders are allowed here; start the app with a checkpoint folder."
-        )
-    raw = _expand(Path(text))
-    candidates = [raw] if raw.is_absolute() else [Path.cwd() / raw] + [root / raw for root in roots]
-    inside = []
-    for candidate in candidates:
-        try:
-            resolved = candidate.resolve()
-        except (OSError, RuntimeError) as exc:  # symlink loops
-            raise CheckpointError(f"The path {text!r} cannot be resolved ({exc}).") from exc
-        if _inside(resolved, roots):
-            if resolved.exists():
-                _check_files_inside(resolved, roots, text, where)
-                return resolved
-            inside.append(resolved)
-    if inside:
-        return inside[0]  # inside the roots but missing: read_checkpoint says so
-    raise CheckpointError(
-        f"{text!r} points to {candidates[0].resolve()}, outside the folders checkpoints may be loaded "
-        f"from: {where}. Copy the checkpoint into one of them (links and '..' are followed first)."
-    )
-
-
-def _inside(path: Path, roots: Sequence[Path]) -> bool:
-    return any(path.is_relative_to(root) for root in roots)
-
-
-def _check_files_inside(path: Path, roots: Sequence[Path], text: str, where: str) -> None:
-    """A folder inside the roots must not reach outside through links to its files."""
-    folder = path if path.is_dir() else path.parent
-    for name in CHECKPOINT_FILES:
-        target = (folder / name).resolve()
-        if (folder / name).exists() and not _inside(target, roots):
-            raise CheckpointError(
-                f"{text!r} holds {name}, a link to {target}, outside the folders checkpoints may be "
-                f"loaded from: {where}. Copy the real file into the checkpoint folder."
-            )
-
-
-def _expand(path: Path) -> Path:
-    try:
-        return path.expanduser()
-    except RuntimeError:  # "~nouser/…": keep it literal
-        return path
-
-
-def list_checkpoints(roots: Path | str | Iterable[Path | str], *, max_depth: int = 3) -> list[Path]:
-    """Checkpoint folders (config.json + model.safetensors) under the roots, sorted, symlinks not followed."""
-    if isinstance(roots, (str, Path)):
-        roots = [roots]
-    found: set[Path] = set()
-    for root in roots:
-        root = _expand(Path(root))
-        if not root.is_dir():
-            continue
-        root = root.resolve()
-        for current, dirs, files in os.walk(root):
-            if CONFIG_FILE in files and WEIGHTS_FILE in files:
-                found.add(Path(current))
-                dirs[:] = []
-                continue
-            depth = len(Path(current).relative_to(root).parts)
-            # Hidden folders include our own staging (.name.xxx.tmp) and replaced (.old) checkpoints.
-            dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if depth < max_depth else []
-    return sorted(found)

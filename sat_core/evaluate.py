@@ -15,10 +15,12 @@ gated (soft) models. This module is the one place evaluation records are compute
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import math
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,18 +28,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint, write_json_atomic
+from sat_core import cli
+from sat_core import alpha
+from sat_core.caption_errors import WordStats, check_against_references
+from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint
+from sat_core.io import write_json_atomic
+from sat_core.precision import resolve
 from sat_core.config import DecodeConfig
 from sat_core.data import ImageRecord, KarpathyData, load_karpathy
 from sat_core.decoding import Hypothesis, beam_search, pick_device
 from sat_core.errors import DatasetError, ImageError, SatError
 from sat_core.images import CropInfo, load_image, preprocess
+from sat_core.regions import mask_on_alpha_grid
 
 # Words that name an object (attention correctness); count words ("a", "two") are left out:
 # "a" is an article as much as a count, and "two" names two objects.
 NAMING_KINDS = ("shape", "category", "colour", "size")
 WORD_KINDS = ("shape", "category", "colour", "size", "count", "relation", "place", "function")
-_GRID_CELL = 8  # px per grid cell when a mask has to be resampled to tile the α grid
+
+
+Progress = Callable[[int, int], None]  # (images done, images in all)
 
 
 @dataclass
@@ -59,8 +69,11 @@ def decode_images(
     cfg: DecodeConfig,
     *,
     batch_size: int = 32,
+    progress: Progress | None = None,
 ) -> tuple[list[Decoded], list[str]]:
-    """Free-running decoding of ``data.images[i]`` for each index, in batches; returns (decoded, skipped)."""
+    """Free-running decoding of ``data.images[i]`` for each index, in batches; returns (decoded, skipped).
+
+    ``progress(done, total)`` is called after each batch (a progress bar in the CLI or the app)."""
     decoded, skipped = [], []
     for start in range(0, len(indices), batch_size):
         tensors, kept = [], []
@@ -77,6 +90,8 @@ def decode_images(
         beams = beam_search(loaded.model, torch.stack(tensors), loaded.vocab, cfg)  # (B, 3, S, S) -> B lists
         for (i, crop), hyps in zip(kept, beams):
             decoded.append(Decoded(i, data.images[i], hyps[0], crop))
+        if progress is not None:
+            progress(min(start + batch_size, len(indices)), len(indices))
     if not decoded:
         raise DatasetError(
             f"None of the {len(indices)} images to evaluate could be read "
@@ -104,30 +119,6 @@ def decode_split(
 
 # ---- per-word attention figures ---------------------------------------------------------------------
 
-def mask_on_alpha_grid(mask: np.ndarray, crop: CropInfo, grid: tuple[int, int]) -> np.ndarray:
-    """An object mask in original-image pixels, cut to the encoder's crop, tiling the α grid exactly."""
-    width, height = crop.original_size
-    if mask.shape != (height, width):
-        raise DatasetError(
-            f"An object mask is {mask.shape[1]}x{mask.shape[0]} px but its image is {width}x{height}; "
-            "the dataset's masks do not belong to its images. Regenerate the dataset."
-        )
-    cut = mask[crop.top : crop.bottom, crop.left : crop.right]  # (side, side)
-    gh, gw = grid
-    if cut.shape[0] % gh == 0 and cut.shape[1] % gw == 0:
-        return cut
-    rows = np.arange(gh * _GRID_CELL) * cut.shape[0] // (gh * _GRID_CELL)
-    cols = np.arange(gw * _GRID_CELL) * cut.shape[1] // (gw * _GRID_CELL)
-    return cut[rows][:, cols]  # (gh·cell, gw·cell), nearest neighbour
-
-
-def alpha_entropy(alphas: np.ndarray) -> np.ndarray:
-    """Entropy in nats of each α row (T, L) -> (T,)."""
-    p = np.asarray(alphas, dtype=np.float64)
-    p = p / p.sum(axis=1, keepdims=True)
-    return -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=1)
-
-
 def word_attention(dec: Decoded, token_objects: dict[int, list[int]]) -> list[dict[str, Any]]:
     """Per generated word matched to exactly one object: share of its α on that object's mask."""
     from sat_core.grounding import attention_correctness, word_kind
@@ -152,11 +143,13 @@ def _mean(values: Sequence[float]) -> float | None:
 
 # ---- records and summaries ------------------------------------------------------------------------
 
-def image_record(dec: Decoded, scores: dict[str, float]) -> tuple[dict[str, Any], Any]:
+def image_record(dec: Decoded, scores: dict[str, float], stats: WordStats) -> tuple[dict[str, Any], Any]:
     """The per-image record (JSON-ready) and its Grounding (None without scene objects).
 
     Keys: image_id, filename, caption, tokens, references, scores (CIDEr, BLEU-4), logprob, finished,
-    alpha_entropy, n_objects; from grounding (else empty / None): errors (labels), grounding
+    alpha_entropy, n_objects; errors (labels): REFERENCE_LABELS from the references for every dataset
+    (with first_error, hallucinated, missed, word_kinds), then on scenes with objects the grounding
+    labels; from grounding (else empty / None): grounding
     (``Grounding.to_dict``: scores, error counts, token -> objects), words (``word_attention`` rows)
     and attention_correctness (mean share over the NAMING_KINDS words). ``eval_records.json`` and the
     explorer's error analysis hold exactly these records.
@@ -164,12 +157,15 @@ def image_record(dec: Decoded, scores: dict[str, float]) -> tuple[dict[str, Any]
     from sat_core.grounding import ground
 
     hyp = dec.hypothesis
-    entropy = alpha_entropy(hyp.alphas[: len(hyp.words)]) if hyp.words else np.zeros(0)
+    entropy = alpha.entropy(hyp.alphas[: len(hyp.words)]) if hyp.words else np.zeros(0)
+    check = check_against_references(hyp.words, dec.record.sentences, stats, finished=hyp.finished)
     record: dict[str, Any] = {
         "image_id": dec.record.id, "filename": dec.record.path.name, "caption": hyp.caption,
         "tokens": list(hyp.words), "references": [" ".join(s) for s in dec.record.sentences],
         "scores": {k: scores[k] for k in ("CIDEr", "BLEU-4")}, "logprob": hyp.logprob,
-        "finished": hyp.finished, "errors": [], "grounding": None, "words": [],
+        "finished": hyp.finished, "errors": list(check.labels), "first_error": check.first_error,
+        "hallucinated": check.hallucinated, "missed": check.missed, "word_kinds": check.kinds,
+        "grounding": None, "words": [],
         "attention_correctness": None, "alpha_entropy": _mean(entropy),
         "n_objects": None if dec.record.objects is None else len(dec.record.objects),
     }
@@ -179,7 +175,7 @@ def image_record(dec: Decoded, scores: dict[str, float]) -> tuple[dict[str, Any]
     words = word_attention(dec, grounding.token_objects)
     g = grounding.to_dict()
     g["token_objects"] = {str(t): ids for t, ids in g["token_objects"].items()}  # JSON keys are strings
-    record.update(errors=grounding.labels, grounding=g, words=words, attention_correctness=_mean(
+    record.update(errors=record["errors"] + grounding.labels, grounding=g, words=words, attention_correctness=_mean(
         [w["share"] for w in words if w["kind"] in NAMING_KINDS]))
     return record, grounding
 
@@ -188,7 +184,7 @@ def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, An
     """α entropy per generated word over all words; attention correctness over naming words."""
     alphas = [d.hypothesis.alphas[: len(d.hypothesis.words)] for d in decoded if d.hypothesis.words]
     L = decoded[0].hypothesis.alphas.shape[1]
-    entropy = alpha_entropy(np.concatenate(alphas)) if alphas else np.zeros(0)
+    entropy = alpha.entropy(np.concatenate(alphas)) if alphas else np.zeros(0)
     out: dict[str, Any] = {
         "n_words": int(entropy.size), "regions": L,
         "entropy_nats": _mean(entropy),
@@ -223,7 +219,8 @@ def beta_by_kind(decoded: Sequence[Decoded]) -> dict[str, dict[str, float]]:
     return {k: {"n": len(values[k]), "mean": float(np.mean(values[k]))} for k in WORD_KINDS if k in values}
 
 
-def score_decoded(decoded: Sequence[Decoded], *, gated: bool, meteor: bool = True) -> dict[str, Any]:
+def score_decoded(decoded: Sequence[Decoded], *, gated: bool, stats: WordStats,
+                  meteor: bool = True) -> dict[str, Any]:
     """Corpus metrics, grounded accuracy, attention figures, β by kind and records of decoded images."""
     from sat_core.grounding import aggregate
     from sat_core.metrics import caption_metrics
@@ -232,7 +229,7 @@ def score_decoded(decoded: Sequence[Decoded], *, gated: bool, meteor: bool = Tru
     report = caption_metrics(refs, {d.index: d.hypothesis.caption for d in decoded}, meteor=meteor)
     records, groundings = [], []
     for d in decoded:
-        record, grounding = image_record(d, report.per_image[d.index])
+        record, grounding = image_record(d, report.per_image[d.index], stats)
         records.append(record)
         if grounding is not None:
             groundings.append(grounding)
@@ -246,6 +243,14 @@ def score_decoded(decoded: Sequence[Decoded], *, gated: bool, meteor: bool = Tru
     }
 
 
+def word_stats(loaded: LoadedCheckpoint, data: KarpathyData) -> WordStats:
+    """The checkpoint's own word statistics (stored by the trainer), else those of ``data``'s references."""
+    stored = (loaded.config.get("training") or {}).get("word_stats")
+    if stored:
+        return WordStats.from_dict(stored)
+    return WordStats.from_references([r.sentences for r in data.images], source=str(data.json_path))
+
+
 def evaluate_images(
     loaded: LoadedCheckpoint,
     data: KarpathyData,
@@ -254,11 +259,14 @@ def evaluate_images(
     *,
     meteor: bool = True,
     batch_size: int = 32,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Decode ``data.images[i]`` for each index and compute every evaluation figure and record."""
-    decoded, skipped = decode_images(loaded, data, indices, cfg, batch_size=batch_size)
-    scored = score_decoded(decoded, gated=bool(loaded.model.decoder.gated), meteor=meteor)
-    return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len,
+    decoded, skipped = decode_images(loaded, data, indices, cfg, batch_size=batch_size, progress=progress)
+    scored = score_decoded(decoded, gated=bool(loaded.model.decoder.gated), stats=word_stats(loaded, data),
+                           meteor=meteor)
+    precision = resolve(next(loaded.model.parameters()).device, cfg.precision)
+    return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len, "precision": precision,
             "n_images": len(decoded), "skipped": skipped, **scored}
 
 
@@ -271,10 +279,28 @@ def evaluate(
     limit: int | None = None,
     meteor: bool = True,
     batch_size: int = 32,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Decode a split (or its first ``limit`` images) and compute every evaluation figure."""
     indices = _split_indices(data, split, limit)
-    return {"split": split, **evaluate_images(loaded, data, indices, cfg, meteor=meteor, batch_size=batch_size)}
+    return {"split": split, "dataset": str(data.json_path),
+            **evaluate_images(loaded, data, indices, cfg, meteor=meteor, batch_size=batch_size, progress=progress)}
+
+
+def read_records(path: str | Path) -> dict[str, Any]:
+    """Records written by this module in either of its formats: ``--records`` (a list of records) or
+    ``--out`` / a checkpoint's ``eval_records.json`` (an object holding ``records``)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatasetError(f"{path} is not a readable records JSON file ({exc}).") from None
+    if isinstance(doc, list):
+        doc = {"records": doc}
+    records = doc.get("records") if isinstance(doc, dict) else None
+    if not isinstance(records, list) or not all(isinstance(r, dict) and "image_id" in r for r in records):
+        raise DatasetError(f"{path} holds no evaluation records (a list of objects with image_id, as written "
+                           "by python -m sat_core.evaluate --records).")
+    return doc
 
 
 # ---- command line ---------------------------------------------------------------------------------
@@ -305,20 +331,34 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+@contextlib.contextmanager
+def _progress_bar():
+    """A tqdm bar on a terminal's stderr, fed by ``decode_images``' progress callback."""
+    from tqdm import tqdm
+
+    with tqdm(unit="image", desc="decoding", disable=not sys.stderr.isatty(), leave=False) as bar:
+        def update(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        yield update
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sat_core.evaluate", description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (model.safetensors + config.json)")
     p.add_argument("--data", required=True, help="Karpathy-format dataset JSON")
     p.add_argument("--images", required=True, help="folder holding the dataset's images")
     p.add_argument("--split", default="test")
-    p.add_argument("--beam", type=int, default=3, help="beam size (1 = greedy)")
-    p.add_argument("--max-len", type=int, default=DecodeConfig.max_len)
+    cli.add_decode_flags(p)
     p.add_argument("--limit", type=int, default=None, help="evaluate only the split's first N images")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--no-meteor", action="store_true", help="skip METEOR (its JVM takes ~12 s to start)")
     p.add_argument("--out", required=True, help="where to write the metrics JSON")
     p.add_argument("--records", help="also write the per-image records to this JSON file")
+    p.add_argument("--card", action="store_true",
+                   help="also write metrics.json, eval_records.json and MODEL_CARD.md into the checkpoint folder")
     return p
 
 
@@ -327,16 +367,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.limit is not None and args.limit < 1:
             raise SatError(f"--limit must be at least 1, not {args.limit}.")
-        cfg = DecodeConfig(beam_size=args.beam, max_len=args.max_len)
+        cfg = cli.decode_config(args)
         loaded = load_checkpoint(args.checkpoint, device=pick_device(args.device))
         data = load_karpathy(args.data, args.images)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            result = evaluate(loaded, data, args.split, cfg, limit=args.limit, meteor=not args.no_meteor,
-                              batch_size=args.batch_size)
+            with _progress_bar() as progress:
+                result = evaluate(loaded, data, args.split, cfg, limit=args.limit, meteor=not args.no_meteor,
+                                  batch_size=args.batch_size, progress=progress)
         write_json_atomic(args.out, result)
         if args.records:
             write_json_atomic(args.records, result["records"])
+        if args.card:
+            from sat_core.card import write_card
+
+            written = write_card(loaded, result)
     except (SatError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -346,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped: {message}", file=sys.stderr)
     print("\n".join(summary_lines(result)))
     print(f"wrote {args.out}" + (f" and {args.records}" if args.records else ""))
+    if args.card:
+        print(f"wrote {', '.join(written)} into {loaded.path}")
     return 0
 
 

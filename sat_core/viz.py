@@ -14,13 +14,14 @@ import json
 import math
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 Method = Literal["nearest", "bilinear", "pyramid"]
 NormMode = Literal["word", "caption", "global"]
 
+GLOBAL_GAMMA = 0.5  # colour position = (α / global max)^γ in "global" normalisation
 LABEL_HEIGHT = 20  # px of white band under each panel for its word
 PANEL_GAP = 4  # px of white between panels in a strip
 
@@ -100,8 +101,9 @@ def normalise_maps(maps: np.ndarray, mode: NormMode = "word", global_max: float 
     """Scale (T, H, W) maps into [0, 1] for colouring.
 
     "word": each map by its own max (shows where each word looks, hides how sharply);
-    "caption": all maps by the caption's max (compares words); "global": by ``global_max``
-    (e.g. 1.0, or a dataset max, to compare images). All-zero maps stay zero.
+    "caption": all maps by the caption's max (compares words); "global": (α / ``global_max``)^GLOBAL_GAMMA,
+    one fixed scale for every word, image and model — the square root keeps the typical α of a few
+    percent visible instead of near-black. All-zero maps stay zero.
     """
     maps = np.asarray(maps, dtype=np.float64)
     if mode == "word":
@@ -115,7 +117,8 @@ def normalise_maps(maps: np.ndarray, mode: NormMode = "word", global_max: float 
     else:
         raise ValueError(f"unknown normalisation {mode!r}; use 'word', 'caption' or 'global'")
     safe = np.where(scale > 0, scale, 1.0)
-    return np.clip(np.where(scale > 0, maps / safe, 0.0), 0.0, 1.0)
+    out = np.clip(np.where(scale > 0, maps / safe, 0.0), 0.0, 1.0)
+    return out**GLOBAL_GAMMA if mode == "global" else out
 
 
 @lru_cache(maxsize=None)
@@ -264,24 +267,19 @@ def word_strip(
     alphas: np.ndarray,
     grid: tuple[int, int],
     *,
-    method: Method = "pyramid",
-    sigma: float | None = None,
-    norm_mode: NormMode = "word",
-    global_max: float | None = None,
-    opacity: float = 0.6,
-    cmap: str = "viridis",
     panel_size: int = 112,
     columns: int | None = None,
+    **style: Any,
 ) -> np.ndarray:
     """The paper's figure as one RGB uint8 array: the plain image, then per word the image with
     that word's α laid over it and the word written under it; ``columns`` wraps into rows.
+    ``style``: ``attention_panels``' method, sigma, norm_mode, global_max, opacity and cmap.
 
     ``image`` should be the square crop the model saw, so the grid lines up with it.
     Size: ``strip_shape(len(words), panel_size, columns)``.
     """
     _check_words(words, alphas)
-    panels = attention_panels(image, alphas, grid, method=method, sigma=sigma, norm_mode=norm_mode,
-                              global_max=global_max, opacity=opacity, cmap=cmap, panel_size=panel_size)
+    panels = attention_panels(image, alphas, grid, panel_size=panel_size, **style)
     labelled = [label_panel(p, t) for p, t in zip(panels, ["", *words])]
     height, width = strip_shape(len(words), panel_size, columns)
     cols = min(columns or len(labelled), len(labelled))
@@ -329,10 +327,12 @@ def strip_gif(
 
 
 def alphas_json(
-    words: Sequence[str], alphas: np.ndarray, betas: np.ndarray | None, grid: tuple[int, int]
+    words: Sequence[str], alphas: np.ndarray, betas: np.ndarray | None, grid: tuple[int, int],
+    meta: dict | None = None,
 ) -> str:
     """JSON with the grid shape and, per step, the word, its α as a (gh, gw) nested list and β
-    (null when the model has no gate). ``load_alphas_json`` reads it back."""
+    (null when the model has no gate); ``meta`` (caption, checkpoint, image, crop …) is kept under
+    "meta". ``load_alphas_json`` reads it back."""
     _check_words(words, alphas)
     betas_list = [None] * len(words) if betas is None else [float(b) for b in np.asarray(betas).reshape(-1)]
     if len(betas_list) != len(words):
@@ -341,7 +341,7 @@ def alphas_json(
         {"word": str(w), "alpha": alpha_to_grid(a, grid).tolist(), "beta": b}
         for w, a, b in zip(words, np.asarray(alphas), betas_list)
     ]
-    return json.dumps({"grid": [int(grid[0]), int(grid[1])], "steps": steps})
+    return json.dumps({"grid": [int(grid[0]), int(grid[1])], **({"meta": meta} if meta else {}), "steps": steps})
 
 
 def load_alphas_json(text: str) -> tuple[list[str], np.ndarray, np.ndarray | None, tuple[int, int]]:
@@ -353,3 +353,64 @@ def load_alphas_json(text: str) -> tuple[list[str], np.ndarray, np.ndarray | Non
     alphas = np.array([s["alpha"] for s in steps], dtype=np.float64).reshape(len(steps), grid[0] * grid[1])
     betas = None if any(s["beta"] is None for s in steps) else np.array([s["beta"] for s in steps])
     return words, alphas, betas, grid
+
+
+# ---- colour bars, titles and metadata for figures that leave the app -----------------------------
+
+def colormap_stops(name: str, n: int = 11) -> list[tuple[float, str]]:
+    """(position, 'rgb(r,g,b)') stops of a colour map, for plotting libraries' colour scales."""
+    lut = _lut(name)
+    return [(float(x), "rgb({},{},{})".format(*lut[int(round(x * 255))])) for x in np.linspace(0.0, 1.0, n)]
+
+
+def scale_ticks(vmax: float, gamma: float = 1.0, n: int = 5) -> list[tuple[float, float]]:
+    """(colour position in [0, 1], α value) pairs for a colour bar whose top is ``vmax``.
+
+    With ``gamma`` < 1 the α values are spread so the ticks sit evenly along the bar."""
+    positions = np.linspace(0.0, 1.0, n)
+    return [(float(p), float(vmax * p ** (1.0 / gamma))) for p in positions]
+
+
+def colorbar_image(height: int, cmap: str, ticks: Sequence[tuple[float, float]], *, title: str = "α",
+                   width: int = 90) -> np.ndarray:
+    """A vertical colour bar (height, width, 3) uint8, full colour at the top, ticks labelled with α."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    bar_w, top, bottom = 18, 24, 10
+    canvas = Image.new("RGB", (width, height), "white")
+    span = max(1, height - top - bottom)
+    colours = _lut(cmap)[np.rint(np.linspace(255, 0, span)).astype(int)]  # (span, 3), top = 1
+    canvas.paste(Image.fromarray(np.repeat(colours[:, None, :], bar_w, axis=1)), (4, top))
+    draw = ImageDraw.Draw(canvas)
+    font = ImageFont.load_default(size=13)
+    draw.text((4, 4), title, fill="black", font=font)
+    for position, value in ticks:
+        y = top + (1.0 - position) * (span - 1)
+        draw.line([(4 + bar_w, y), (8 + bar_w, y)], fill="black")
+        draw.text((11 + bar_w, y - 7), f"{value:.3g}", fill="black", font=font)
+    return np.asarray(canvas)
+
+
+def with_colorbar(image: np.ndarray, bar: np.ndarray) -> np.ndarray:
+    """``bar`` (cropped or padded to the image's height) to the right of ``image``."""
+    h = image.shape[0]
+    bar = bar[:h] if bar.shape[0] >= h else np.pad(bar, ((0, h - bar.shape[0]), (0, 0), (0, 0)), constant_values=255)
+    return np.concatenate([_as_rgb(image), bar], axis=1)
+
+
+def with_title(image: np.ndarray, lines: Sequence[str], *, size: int = 18) -> np.ndarray:
+    """A white band above ``image`` holding ``lines`` of text (caption, checkpoint, image, crop)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default(size=size)
+    pad, line_h = 10, int(size * 1.4)
+    h, w = image.shape[:2]
+    canvas = Image.new("RGB", (w, h + 2 * pad + line_h * len(lines)), "white")
+    draw = ImageDraw.Draw(canvas)
+    for k, line in enumerate(lines):
+        text = line
+        while text and draw.textlength(text, font=font) > w - 2 * pad:
+            text = text[:-4] + "..."
+        draw.text((pad, pad + k * line_h), text, fill="black", font=font)
+    canvas.paste(Image.fromarray(_as_rgb(image)), (0, 2 * pad + line_h * len(lines)))
+    return np.asarray(canvas)

@@ -10,37 +10,49 @@ import torch
 from sat_core import bench
 
 
+def _precisions() -> list[str]:
+    from sat_core.precision import resolve
+
+    return ["fp32"] + (["bf16"] if resolve("cpu", "auto") == "bf16" else [])
+
+
 def test_train_quick(tmp_path, capsys):
     out, threads = tmp_path / "train.json", torch.get_num_threads()
     assert bench.main(["train", "--quick", "--device", "cpu", "--threads", "1", "--json", str(out)]) == 0
     assert torch.get_num_threads() == threads, "--threads must not leak out of main()"
     rows = json.loads(out.read_text())["train"]
-    assert [(r["attention"], r["device"], r["dtype"]) for r in rows] == [("soft", "cpu", "fp32"),
-                                                                          ("hard", "cpu", "fp32")]
+    assert [(r["attention"], r["device"], r["precision"]) for r in rows] == [
+        (a, "cpu", p) for p in _precisions() for a in ("soft", "hard")]
     for r in rows:
         assert r["captions_per_s"] > 0 and r["ms_per_step"] > 0 and r["peak_mb"] >= 0
+        assert r["gemm_ms"] > 0 and r["attention_ms"] > 0 and r["bf16_floor_ms"] > 0
         assert r["captions_per_s"] == pytest.approx(r["batch"] * 1000 / r["ms_per_step"])
+        assert r["step_over_floor"] == pytest.approx(r["ms_per_step"] / r["bf16_floor_ms"])
     printed = capsys.readouterr().out
-    assert "captions/s" in printed and "peak MB" in printed and printed.count(" quick ") == 2
+    assert "captions/s" in printed and "peak MB" in printed and printed.count(" quick ") == 2 * len(_precisions())
+    assert all(f"precision {p}" in printed for p in _precisions())
 
 
 def test_decode_quick(tmp_path, capsys):
     out = tmp_path / "decode.json"
-    assert bench.main(["decode", "--quick", "--device", "cpu", "--threads", "1", "--json", str(out)]) == 0
+    assert bench.main(["decode", "--quick", "--device", "cpu", "--threads", "1", "--precision", "fp32",
+                       "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
     rows, serial = figures["decode"], figures["one_by_one"]
-    assert [(r["beam"], r["batch"]) for r in rows] == [(1, 1), (1, 4), (2, 1), (2, 4)]
+    assert [(r["beam"], r["batch"], r["precision"]) for r in rows] == [(1, 1, "fp32"), (1, 4, "fp32"),
+                                                                       (2, 1, "fp32"), (2, 4, "fp32")]
     for r in rows:
         assert r["steps"] == 4, "<end> is unreachable for random weights: every decode runs max_len steps"
-        assert r["images_per_s"] > 0 and r["matmul_ms_per_step"] > 0 and r["peak_mb"] >= 0
-        assert r["step_over_matmul"] == pytest.approx(r["ms_per_step"] / r["matmul_ms_per_step"])
+        assert r["images_per_s"] > 0 and r["peak_mb"] >= 0
+        assert r["gemm_ms"] > 0 and r["attention_ms"] > 0 and r["decoder_step_ms"] > 0 and r["bf16_floor_ms"] > 0
+        assert r["step_over_floor"] == pytest.approx(r["ms_per_step"] / r["bf16_floor_ms"])
         assert r["ms_per_step"] == pytest.approx(1000 * r["batch"] / r["images_per_s"] / r["steps"])
     assert [(s["beam"], s["batch"]) for s in serial] == [(1, 4), (2, 4)]
     for s, batched in zip(serial, (rows[1], rows[3])):
         assert s["batched_images_per_s"] == batched["images_per_s"] and s["one_by_one_images_per_s"] > 0
         assert s["speedup"] == pytest.approx(s["batched_images_per_s"] / s["one_by_one_images_per_s"])
     printed = capsys.readouterr().out
-    assert "step/matmul" in printed and "one-by-one img/s" in printed
+    assert "step/floor" in printed and "one-by-one img/s" in printed and "precision fp32" in printed
 
 
 def test_peak_memory_sees_an_allocation():

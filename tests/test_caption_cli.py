@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -94,3 +95,67 @@ def test_all_images_bad_and_bad_checkpoint(checkpoint, files, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--checkpoint", str(checkpoint)])  # no image: argparse usage error
     assert exc.value.code == 2
+
+
+# ---- folders, JSON lines, α strips, batches ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """Images in a folder, with a file that is not an image, a broken image and a subfolder."""
+    root = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(1)
+    for name, size in [("b.png", (112, 112)), ("a.jpg", (100, 140)), ("c.JPEG", (130, 120)), ("d.webp", (120, 120))]:
+        Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(root / name)
+    (root / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    (root / "notes.txt").write_text("not an image, and not listed\n")
+    (root / "sub").mkdir()
+    Image.fromarray(rng.integers(0, 255, (112, 112, 3), dtype=np.uint8)).save(root / "sub" / "e.png")
+    return root
+
+
+def test_folder_to_jsonl_and_attention_strips(checkpoint, folder, tmp_path, capsys):
+    from sat_core.viz import strip_shape
+
+    out, strips = tmp_path / "captions.jsonl", tmp_path / "strips"
+    code = main(["--checkpoint", str(checkpoint), str(folder), "--jsonl", str(out), "--save-attention",
+                 str(strips), "--beam", "2", "--max-len", "5", "--batch-size", "3"])
+    stdout, err = capsys.readouterr()
+    assert code == 1 and "broken.png" in err and "notes.txt" not in err + stdout
+    assert "%|" not in err  # no progress bar when stderr is not a terminal
+    good = [str(folder / n) for n in ("a.jpg", "b.png", "c.JPEG", "d.webp")]  # sorted, subfolder not read
+    items = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [item["image"] for item in items] == good
+    expected = _direct(checkpoint, good, 2, 5)
+    assert [item["tokens"] for item in items] == [hyps[0].tokens for hyps in expected]
+    assert stdout.splitlines() == [f"{p}: {hyps[0].caption}" for p, hyps in zip(good, expected)]
+    assert sorted(p.name for p in strips.iterdir()) == ["a.png", "b.png", "c.png", "d.png"]
+    for item, hyps in zip(items, expected):
+        assert item["attention_png"] == str(strips / (Path(item["image"]).stem + ".png"))
+        n_words = len(hyps[0].words) + hyps[0].finished
+        height, width = strip_shape(n_words, 112, columns=min(n_words + 1, 8))
+        assert Image.open(item["attention_png"]).size == (width, height)
+
+
+def test_batches_give_the_same_captions_and_stdout_jsonl(checkpoint, folder, capsys):
+    args = ["--checkpoint", str(checkpoint), str(folder / "b.png"), str(folder), "--beam", "3", "--max-len", "6"]
+    main([*args, "--batch-size", "1", "--jsonl", "-"])
+    one_by_one = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    main([*args, "--jsonl", "-"])
+    batched = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [i["image"] for i in batched] == [str(folder / "b.png")] + [
+        str(folder / n) for n in ("a.jpg", "b.png", "c.JPEG", "d.webp")]
+    assert [i["tokens"] for i in one_by_one] == [i["tokens"] for i in batched]
+    assert batched[0]["tokens"] == batched[2]["tokens"]  # the same file twice, in different batches
+    np.testing.assert_allclose([i["score"] for i in one_by_one], [i["score"] for i in batched], atol=1e-5)
+
+
+def test_empty_folder_and_unwritable_output(checkpoint, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["--checkpoint", str(checkpoint), str(empty)]) == 1
+    assert "holds no image files" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["--checkpoint", str(checkpoint), str(empty), "--save-attention", str(blocker / "sub")]) == 2
+    assert "Cannot write the output" in capsys.readouterr().err
+    assert main(["--checkpoint", str(checkpoint), str(empty), "--batch-size", "0"]) == 2

@@ -1,34 +1,20 @@
-"""Checkpoints: atomic writes, exact state round trips, safe refusal of pickles and bad files."""
+"""Checkpoints: the format's round trip, safe refusal of pickles and bad files, crash-safe replacement."""
 
 from __future__ import annotations
 
 import json
 import os
 import pickle
-import random
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import sat_core.checkpoint as ckpt
-from sat_core.checkpoint import (
-    CONFIG_FILE,
-    FORMAT,
-    WEIGHTS_FILE,
-    flatten_state,
-    list_checkpoints,
-    load_checkpoint,
-    read_checkpoint,
-    read_tensors,
-    resolve_checkpoint_path,
-    save_checkpoint,
-    save_tensors_atomic,
-    unflatten_state,
-    write_json_atomic,
-)
+from sat_core.checkpoint import CONFIG_FILE, FORMAT, WEIGHTS_FILE, load_checkpoint, read_checkpoint, save_checkpoint
+from sat_core.flatstate import flatten_state, unflatten_state
+from sat_core.io import read_tensors, save_tensors_atomic, write_json_atomic
 from sat_core.config import ModelConfig, PreprocessConfig
 from sat_core.errors import CheckpointError
 from sat_core.vocab import Vocab
@@ -318,153 +304,6 @@ def test_refuses_to_replace_a_folder_that_is_not_a_checkpoint(tmp_path: Path, st
     with pytest.raises(CheckpointError, match="holds other files"):
         save(tmp_path / "photos", stand_in)
     assert (tmp_path / "photos" / "cat.jpg").exists()
-
-
-def test_write_json_atomic(tmp_path: Path) -> None:
-    path = write_json_atomic(tmp_path / "a" / "state.json", {"step": 3})
-    assert json.loads(path.read_text()) == {"step": 3}
-    with pytest.raises(TypeError):
-        write_json_atomic(path, {"bad": object()})
-    assert json.loads(path.read_text()) == {"step": 3}
-    assert [p.name for p in path.parent.iterdir()] == ["state.json"]
-
-
-# ---- nested training state --------------------------------------------------------------------
-
-def adam_run(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, amsgrad=True)
-    return model, optimizer
-
-
-def adam_steps(model: nn.Module, optimizer: torch.optim.Optimizer, n: int, seed: int) -> None:
-    data = torch.Generator().manual_seed(seed)
-    for _ in range(n):
-        x = torch.randn(4, 6, generator=data)
-        optimizer.zero_grad()
-        model(x).pow(2).mean().backward()
-        optimizer.step()
-
-
-def through_disk(obj, tmp_path: Path):
-    """flatten -> safetensors + JSON on disk -> read back -> unflatten."""
-    from safetensors.torch import load_file
-
-    tensors, skeleton = flatten_state(obj)
-    save_tensors_atomic(tmp_path / "state.safetensors", tensors, {"kind": "test"})
-    write_json_atomic(tmp_path / "state.json", skeleton)
-    return unflatten_state(load_file(tmp_path / "state.safetensors"), json.loads((tmp_path / "state.json").read_text()))
-
-
-def test_adam_resume_is_bit_identical(tmp_path: Path) -> None:
-    model, optimizer = adam_run()
-    adam_steps(model, optimizer, 3, seed=1)
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 3}
-    restored = through_disk(state, tmp_path)
-    assert set(restored["optimizer"]["state"]) == {0, 1, 2, 3}  # int keys stay ints
-    assert restored["optimizer"]["state"][0]["step"].dtype == optimizer.state_dict()["state"][0]["step"].dtype
-
-    fresh_model, fresh_optimizer = adam_run(seed=99)  # different initial weights, overwritten below
-    fresh_model.load_state_dict(restored["model"])
-    fresh_optimizer.load_state_dict(restored["optimizer"])
-    adam_steps(model, optimizer, 4, seed=2)
-    adam_steps(fresh_model, fresh_optimizer, 4, seed=2)
-    assert states_equal(model.state_dict(), fresh_model.state_dict())
-    exp_avg = lambda opt: opt.state_dict()["state"][2]["exp_avg"]  # noqa: E731
-    assert torch.equal(exp_avg(optimizer), exp_avg(fresh_optimizer))
-
-
-def test_rng_states_round_trip(tmp_path: Path) -> None:
-    torch.manual_seed(5)
-    np.random.seed(5)
-    random.seed(5)
-    generator = np.random.default_rng(5)
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy_legacy": np.random.get_state(),  # tuple with a uint32 array
-        "numpy_generator": generator.bit_generator.state,  # dict with 128-bit ints
-        "python": random.getstate(),  # nested tuples of ints and None
-    }
-    restored = through_disk(state, tmp_path)
-    expected = (torch.rand(3), np.random.rand(3), generator.random(3), random.random())
-    torch.set_rng_state(restored["torch"])
-    np.random.set_state(restored["numpy_legacy"])
-    generator.bit_generator.state = restored["numpy_generator"]
-    random.setstate(restored["python"])
-    again = (torch.rand(3), np.random.rand(3), generator.random(3), random.random())
-    assert torch.equal(expected[0], again[0])
-    assert np.array_equal(expected[1], again[1]) and np.array_equal(expected[2], again[2])
-    assert expected[3] == again[3]
-
-
-def test_flatten_preserves_types_exactly() -> None:
-    obj = {
-        1: torch.arange(4, dtype=torch.int16),
-        "1": torch.tensor(True),
-        (2, "x"): [1.5, float("inf"), float("nan"), None, True, "s"],
-        "arr": np.arange(6, dtype=np.float16).reshape(2, 3),
-        "scalar": np.int64(7),
-        "nested": {"t": (torch.zeros(2, 0), torch.tensor(3.0, dtype=torch.bfloat16))},
-    }
-    tensors, skeleton = flatten_state(obj)
-    skeleton = json.loads(json.dumps(skeleton, allow_nan=False))  # strict JSON
-    back = unflatten_state(tensors, skeleton)
-    assert list(back) == [1, "1", (2, "x"), "arr", "scalar", "nested"]
-    assert torch.equal(back[1], obj[1]) and back[1].dtype == torch.int16
-    assert back["1"].dtype == torch.bool
-    floats = back[(2, "x")]
-    assert floats[:2] == [1.5, float("inf")] and np.isnan(floats[2]) and floats[3:] == [None, True, "s"]
-    assert back["arr"].dtype == np.float16 and np.array_equal(back["arr"], obj["arr"])
-    assert type(back["scalar"]) is np.int64 and back["scalar"] == 7
-    assert isinstance(back["nested"]["t"], tuple) and back["nested"]["t"][1].dtype == torch.bfloat16
-    with pytest.raises(TypeError, match="cannot store a object"):
-        flatten_state({"x": object()})
-
-
-# ---- paths typed into the app -------------------------------------------------------------------
-
-def test_resolve_inside_and_outside_roots(tmp_path: Path, stand_in: StandIn, monkeypatch) -> None:
-    root, outside = tmp_path / "checkpoints", tmp_path / "elsewhere"
-    good = save(root / "run1", stand_in)
-    secret = save(outside / "secret", stand_in)
-    monkeypatch.chdir(tmp_path)
-    assert resolve_checkpoint_path(str(good), [root]) == good.resolve()
-    assert resolve_checkpoint_path("run1", [root]) == good.resolve()  # relative to a root
-    assert resolve_checkpoint_path("checkpoints/run1/", [root]) == good.resolve()  # relative to cwd
-    (root / "link_out").symlink_to(secret)
-    escapes = [str(secret), "../elsewhere/secret", str(root / ".." / "elsewhere" / "secret"), "link_out",
-               str(root / "link_out" / WEIGHTS_FILE)]
-    for attempt in escapes:
-        with pytest.raises(CheckpointError, match="outside the folders") as caught:
-            resolve_checkpoint_path(attempt, [root])
-        assert str(root.resolve()) in str(caught.value)
-        with pytest.raises(CheckpointError, match="outside the folders"):
-            load_checkpoint(attempt, allowed_roots=[root])
-    assert isinstance(load_checkpoint("run1", allowed_roots=[root]).model, StandIn)
-    (root / "linked_files").mkdir()
-    (root / "linked_files" / CONFIG_FILE).write_bytes((good / CONFIG_FILE).read_bytes())
-    (root / "linked_files" / WEIGHTS_FILE).symlink_to(secret / WEIGHTS_FILE)
-    for attempt in ("linked_files", str(root / "linked_files" / CONFIG_FILE)):
-        with pytest.raises(CheckpointError, match="holds model.safetensors, a link to"):
-            load_checkpoint(attempt, allowed_roots=[root])
-    with pytest.raises(CheckpointError, match="No checkpoint path given"):
-        resolve_checkpoint_path("  ", [root])
-    with pytest.raises(CheckpointError, match="does not exist"):
-        load_checkpoint("run2", allowed_roots=[root])
-
-
-def test_list_checkpoints(tmp_path: Path, stand_in: StandIn) -> None:
-    a = save(tmp_path / "runs" / "a" / "best", stand_in)
-    b = save(tmp_path / "runs" / "b", stand_in)
-    save(tmp_path / "runs" / "x" / "y" / "z" / "too_deep", stand_in)
-    (tmp_path / "runs" / "half").mkdir()
-    (tmp_path / "runs" / "half" / CONFIG_FILE).write_text("{}")
-    (tmp_path / "runs" / ".b.1234.tmp").mkdir()  # a staging folder from a crashed save
-    (tmp_path / "runs" / ".b.1234.tmp" / CONFIG_FILE).write_text("{}")
-    (tmp_path / "runs" / ".b.1234.tmp" / WEIGHTS_FILE).write_bytes(b"")
-    assert list_checkpoints([tmp_path / "runs", tmp_path / "missing"]) == [a.resolve(), b.resolve()]
-    assert list_checkpoints(tmp_path / "runs", max_depth=1) == [b.resolve()]
 
 
 # ---- the real Captioner ------------------------------------------------------------------------

@@ -9,8 +9,10 @@ import torch
 from sat_core.config import DecodeConfig
 from sat_core.decoding import DecodeSession, Intervention, beam_search, sample_hard, score_caption
 from sat_core.errors import SatError
+from sat_core.images import load_image, preprocess
 from sat_core.models.captioner import Captioner
 from tests.conftest import tiny_config
+from tests.explorer.conftest import explorer_env  # noqa: F401  (a fixture)
 
 
 def _images(n: int, seed: int = 1) -> torch.Tensor:
@@ -20,7 +22,7 @@ def _images(n: int, seed: int = 1) -> torch.Tensor:
 
 def _reference_greedy(model, vocab, image, max_len):
     """An independent argmax loop over decoder.step (no beam bookkeeping)."""
-    feats = model.encode(image[None])
+    feats = model.encode(image[None]).feats
     prep, h, c = model.decoder.prepare(feats)
     prev, tokens = torch.tensor([vocab.start_id]), []
     banned = [vocab.pad_id, vocab.start_id, vocab.unk_id]
@@ -217,3 +219,116 @@ def test_cuda_decode_matches_cpu(vocab):
     cpu = beam_search(model, images, vocab, DecodeConfig(beam_size=3))
     gpu = beam_search(model.cuda(), images, vocab, DecodeConfig(beam_size=3))
     assert [[h.tokens for h in x] for x in cpu] == [[h.tokens for h in x] for x in gpu]
+
+
+# ---- beam bookkeeping: greedy for every normalisation, finished images leave the batch -------------------
+
+CHAIN = ["a", "red", "blue", "green", "circle", "square", "star"]
+
+
+def _staggered_model(vocab, strengths=(7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0)):
+    """A model whose images end after different numbers of words, decoded from crafted annotations.
+
+    The embedding is one-hot (m = V), L_o sends <start> → a → red → … with falling logits
+    ``strengths``, and <end>'s logit is L_z ẑ = s_b, a scalar carried by image b's annotations (no
+    gate, identical regions, so α does not matter): image b ends at the first word whose chain
+    logit falls below s_b. Small fixed noise gives the beams distinct alternatives.
+    """
+    torch.manual_seed(5)
+    V = len(vocab)
+    model = Captioner(tiny_config(V, embed_dim=V, gate=False)).eval()
+    ids = [vocab.start_id] + [vocab.stoi[w] for w in CHAIN]
+    with torch.no_grad():
+        model.decoder.embed.weight.copy_(torch.eye(V))
+        model.decoder.L_h.weight.zero_()
+        model.decoder.L_z.weight.zero_()
+        model.decoder.L_z.weight[vocab.end_id, 0] = 1.0  # out[<end>] = ẑ_0 = s_b
+        L_o = 0.3 * torch.randn(V, V)
+        others = [i for i in range(4, V) if i not in ids]
+        for prev, nxt, c in zip(ids, ids[1:], strengths):
+            L_o[nxt, prev] = c
+            L_o[others, prev] = c - 1.0  # alternatives that keep <end> out of a beam until s_b beats them
+        L_o[vocab.end_id] = 0.0
+        L_o[:, vocab.end_id] = 0.0  # out[<end>] = s_b reaches <end>'s logit only
+        L_o[vocab.end_id, vocab.end_id] = 1.0
+        model.decoder.L_o.weight.copy_(L_o)
+        model.decoder.L_o.bias.zero_()
+    return model
+
+
+def _annotations(levels, L=196, D=16):
+    feats = torch.zeros(len(levels), L, D)  # (B, L, D)
+    feats[:, :, 0] = torch.tensor(levels).view(-1, 1)
+    return feats
+
+
+@pytest.mark.parametrize("length_norm", [0.0, 0.5, 1.0, 2.0])
+def test_beam_one_is_greedy_for_every_length_norm(vocab, length_norm):
+    """With length_norm > 0 a live beam divided by a longer length could outscore greedy's <end>;
+    beam 1 must still stop there (the old bound let the search run on)."""
+    model = _staggered_model(vocab)
+    feats = _annotations([6.5, 4.5, 2.5])
+    cfg = DecodeConfig(beam_size=1, max_len=12, length_norm=length_norm, precision="fp32")
+    results = beam_search(model, feats, vocab, cfg)
+    chain = [vocab.stoi[w] for w in CHAIN]
+    for hyps, words in zip(results, (1, 3, 5)):
+        assert hyps[0].tokens == chain[:words] + [vocab.end_id]
+        assert hyps[0].finished
+    # And on a random model: the plain argmax loop, for a non-zero normalisation.
+    torch.manual_seed(0)
+    tiny = Captioner(tiny_config(len(vocab))).eval()
+    images = _images(3)
+    for i, hyps in enumerate(beam_search(tiny, images, vocab, cfg)):
+        assert hyps[0].tokens == _reference_greedy(tiny, vocab, images[i], 12)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_finished_images_leave_the_batch_without_changing_any_result(vocab, beam):
+    model = _staggered_model(vocab)
+    feats = _annotations([6.5, 0.5, 4.5, 2.5, 5.5])
+    cfg = DecodeConfig(beam_size=beam, max_len=12, length_norm=0.7, precision="fp32")
+    rows_seen = []
+    step = model.decoder.step
+
+    def counting_step(tokens, *args, **kwargs):
+        rows_seen.append(tokens.shape[0])
+        return step(tokens, *args, **kwargs)
+
+    model.decoder.step = counting_step
+    batched = beam_search(model, feats, vocab, cfg)
+    del model.decoder.step
+    assert len(set(rows_seen[1:])) >= 3, rows_seen  # the images really finish at different steps
+    assert rows_seen[0] == 5  # one row per image at t = 0, not K identical ones
+    assert rows_seen[1] == 5 * beam
+    assert rows_seen[-1] < 5 * beam
+    assert all(a >= b for a, b in zip(rows_seen[1:], rows_seen[2:]))  # rows only ever leave
+    for i in range(5):
+        alone = beam_search(model, feats[i : i + 1], vocab, cfg)[0]
+        assert [h.tokens for h in batched[i]] == [h.tokens for h in alone]
+        for a, b in zip(batched[i], alone):
+            assert a.score == pytest.approx(b.score, abs=1e-5)
+            assert a.finished == b.finished
+            np.testing.assert_allclose(a.alphas, b.alphas, atol=1e-6)
+
+
+def test_session_sync_replays_forced_words_with_few_steps(explorer_env):
+    loaded = explorer_env.checkpoint("soft")
+    tensor, _ = preprocess(load_image(next(explorer_env.world / e["filepath"] / e["filename"] for e in explorer_env.dataset["images"] if e["split"] == "test")), loaded.preprocess)
+    cfg = DecodeConfig(beam_size=1, max_len=8)
+    session = DecodeSession(loaded.model, loaded.vocab, tensor, cfg)
+    word = loaded.vocab.itos[5]
+    session.sync(4, {1: word})
+    direct = DecodeSession(loaded.model, loaded.vocab, tensor, cfg)
+    direct.step()
+    direct.step(force=word)
+    direct.step()
+    direct.step()
+    assert [s.token for s in session.steps] == [s.token for s in direct.steps]
+    assert [s.forced for s in session.steps] == [False, True, False, False]
+    kept = session.steps[0]
+    session.sync(2, {})  # dropping the forced word redoes step 1 greedily, keeps step 0
+    assert session.steps[0] is kept and not session.steps[1].forced
+    greedy = DecodeSession(loaded.model, loaded.vocab, tensor, cfg)
+    greedy.step()
+    greedy.step()
+    assert [s.token for s in session.steps] == [s.token for s in greedy.steps]

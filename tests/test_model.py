@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from sat_core.config import HardAttentionConfig, ModelConfig
+from sat_core.config import ModelConfig
 from sat_core.errors import SatError
-from sat_core.losses import MovingBaseline, caption_loss, doubly_stochastic
 from sat_core.models.attention import attend
 from sat_core.models.captioner import Captioner
 from sat_core.models.encoder import Encoder
@@ -26,7 +27,7 @@ def test_shapes_alpha_and_beta(tiny_model, vocab):
     out = tiny_model(images, captions(5, 7, len(vocab)), image_index=torch.tensor([0, 0, 1, 2, 2]))
     assert out.logits.shape == (5, 6, len(vocab))
     assert out.alphas.shape == (5, 6, 14 * 14)
-    assert tiny_model.grid == (14, 14)
+    assert tiny_model.encode(images).grid == (14, 14)
     assert torch.allclose(out.alphas.sum(-1), torch.ones(5, 6), atol=1e-5)
     if tiny_model.hard:
         assert torch.all(out.betas == 1.0)  # hard attention's context is one region, ungated
@@ -66,75 +67,6 @@ def test_attend_soft_is_expectation_and_hard_picks_one_region():
     assert logp[1].item() == pytest.approx(0.0)
 
 
-def test_doubly_stochastic_matches_hand_computation_and_ignores_pads():
-    alphas = torch.tensor([[[0.5, 0.5], [1.0, 0.0], [0.0, 1.0]]])  # (1, T=3, L=2)
-    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third step is padding
-    # coverage = [1.5, 0.5] -> (1-1.5)^2 + (1-0.5)^2 = 0.5
-    assert doubly_stochastic(alphas, mask).item() == pytest.approx(0.5)
-    full = torch.ones(1, 3)
-    # coverage = [1.5, 1.5] -> 0.25 + 0.25
-    assert doubly_stochastic(alphas, full).item() == pytest.approx(0.5)
-    mask = torch.tensor([[1.0, 0.0, 0.0]])
-    assert doubly_stochastic(alphas, mask).item() == pytest.approx(0.25 + 0.25)
-
-
-def test_moving_baseline_follows_the_paper():
-    b = MovingBaseline(0.9)
-    assert b.update(torch.tensor([-2.0, -4.0])) == pytest.approx(-3.0)  # starts at the first reward
-    assert b.update(torch.tensor([-1.0])) == pytest.approx(0.9 * -3.0 + 0.1 * -1.0)
-
-
-class _Out:
-    def __init__(self, logits, alphas, log_p_loc, sampled):
-        self.logits, self.alphas, self.log_p_loc, self.sampled = logits, alphas, log_p_loc, sampled
-
-
-def test_reinforce_raises_log_prob_of_locations_that_beat_the_baseline():
-    """Toy problem: two examples sample locations; the one with the higher reward gets reinforced."""
-    targets = torch.tensor([[4, 2], [4, 2]])
-    logits = torch.zeros(2, 2, 6)
-    logits[0, :, 4] = logits[0, :, 2] = 5.0  # example 0 predicts its words well: high reward
-    theta = torch.zeros(2, requires_grad=True)
-    log_p_loc = theta.view(2, 1).expand(2, 2) - 1.0  # log p(s̃|a) as a function of θ
-    out = _Out(logits, torch.full((2, 2, 3), 1 / 3), log_p_loc, torch.tensor([True, True]))
-    hard = HardAttentionConfig(entropy_weight=0.0)
-    parts = caption_loss(out, targets, dsa_lambda=0.0, hard=hard, baseline=MovingBaseline(0.9))
-    parts.total.backward()
-    # Minimising the loss must raise log p(s̃) where reward > baseline and lower it elsewhere.
-    assert theta.grad[0] < 0 < theta.grad[1]
-
-
-def test_baseline_is_updated_by_the_loss_with_sampled_examples_only():
-    targets = torch.tensor([[4, 2], [5, 2]])
-    logits = torch.randn(2, 2, 6)
-    out = _Out(logits, torch.full((2, 2, 3), 1 / 3), torch.zeros(2, 2), torch.tensor([True, False]))
-    base = MovingBaseline(0.9, value=-1.0)
-    caption_loss(out, targets, dsa_lambda=0.0, hard=HardAttentionConfig(), baseline=base)
-    reward0 = torch.log_softmax(logits[0], -1)[[0, 1], [4, 2]].sum().item()
-    assert base.value == pytest.approx(0.9 * -1.0 + 0.1 * reward0, rel=1e-5)
-
-
-def test_switching_off_reinforce_and_entropy_leaves_plain_likelihood():
-    targets = torch.tensor([[4, 2]])
-    logits = torch.randn(1, 2, 6)
-    out = _Out(logits, torch.full((1, 2, 3), 1 / 3), torch.full((1, 2), -1.0), torch.tensor([True]))
-    off = HardAttentionConfig(reinforce=False, entropy_weight=0.0)
-    parts = caption_loss(out, targets, dsa_lambda=0.0, hard=off)
-    nll = torch.nn.functional.cross_entropy(logits[0], targets[0])
-    assert parts.total.item() == pytest.approx(nll.item(), rel=1e-6)
-
-
-def test_soft_loss_adds_the_penalty_per_token_like_the_likelihood():
-    targets = torch.tensor([[4, 2, 0]])  # two real tokens, one pad
-    logits = torch.randn(1, 3, 6)
-    alphas = torch.softmax(torch.randn(1, 3, 4), -1)
-    out = _Out(logits, alphas, torch.zeros(1, 3), torch.tensor([False]))
-    parts = caption_loss(out, targets, dsa_lambda=0.5)
-    nll = torch.nn.functional.cross_entropy(logits[0, :2], targets[0, :2], reduction="sum")
-    dsa = ((1 - alphas[0, :2].sum(0)) ** 2).sum()
-    assert parts.total.item() == pytest.approx(((nll + 0.5 * dsa) / 2).item(), rel=1e-5)
-
-
 def test_encoders_report_their_true_grid():
     vgg = Encoder(ModelConfig(encoder="vgg19", feature_dim=512, vocab_size=10))
     feats, grid = vgg(torch.randn(1, 3, 224, 224))
@@ -155,7 +87,95 @@ def test_missing_pretrained_weights_fail_fast_with_instructions(tmp_path, monkey
 
 
 def test_bad_config_is_refused():
-    with pytest.raises(SatError, match="attention must be soft or hard"):
+    with pytest.raises(SatError, match="ModelConfig.attention must be one of soft, hard, not .medium."):
         ModelConfig(attention="medium")
     with pytest.raises(SatError, match="Unknown ModelConfig field"):
         ModelConfig.from_dict({"hiden_dim": 3})
+
+
+def test_each_encode_call_returns_its_own_grid_across_threads(tiny_model, vocab):
+    """Threads serving different users share one model: each result carries the grid of its own images."""
+    from sat_core.config import DecodeConfig
+    from sat_core.decoding import beam_search
+
+    sides = [112, 64, 96, 48]  # stride 8: grids 14, 8, 12 and 6
+    start = threading.Barrier(len(sides))
+    seen: dict[int, list] = {side: [] for side in sides}
+
+    def work(side: int) -> None:
+        start.wait()
+        for _ in range(4):
+            images = torch.randn(2, 3, side, side)
+            annotations = tiny_model.encode(images)
+            hyp = beam_search(tiny_model, images, vocab, DecodeConfig(beam_size=2, max_len=3))[0][0]
+            seen[side].append((annotations.grid, annotations.feats.shape[1], hyp.grid, hyp.alphas.shape[1]))
+
+    threads = [threading.Thread(target=work, args=(side,)) for side in sides]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for side, results in seen.items():
+        g = side // 8
+        assert results == [((g, g), g * g, (g, g), g * g)] * 4, (side, results)
+
+
+def test_tutorial_variants_shapes_and_training(vocab):
+    """The ModelConfig variants converted checkpoints need: vector gate, no deep output, pooled grid."""
+    torch.manual_seed(0)
+    config = tiny_config(len(vocab), gate_size="vector", deep_output=False, attention_activation="relu",
+                         init_activation="none", pool_grid=5)
+    model = Captioner(config)
+    names = dict(model.named_parameters())
+    assert "decoder.L_h.weight" not in names and "decoder.L_z.weight" not in names
+    assert names["decoder.f_beta.weight"].shape == (16, 32)  # (D, n): one gate per feature
+    assert names["decoder.L_o.weight"].shape == (len(vocab), 32)  # logits = L_o h_t
+    images = torch.randn(2, 3, 112, 112)
+    assert model.encode(images).grid == (5, 5)
+    out = model(images, captions(2, 6, len(vocab)))
+    assert out.logits.shape == (2, 5, len(vocab)) and out.alphas.shape == (2, 5, 25)
+    assert torch.all((out.betas > 0) & (out.betas < 1))
+    out.logits.logsumexp(-1).sum().backward()
+    assert names["decoder.f_beta.weight"].grad.abs().sum() > 0
+
+
+def test_default_model_is_unchanged_and_variants_change_the_computation(vocab):
+    default = tiny_config(len(vocab))
+    names = {k: tuple(v.shape) for k, v in Captioner(default).state_dict().items()}
+    assert names["decoder.f_beta.weight"] == (1, 32) and names["decoder.L_o.weight"] == (len(vocab), 16)
+    assert "decoder.L_h.weight" in names and not any("pool" in k for k in names)
+    images = torch.randn(1, 3, 112, 112)
+
+    def first_step(**variant):
+        torch.manual_seed(0)  # the same weights: only the computation differs
+        model = Captioner(tiny_config(len(vocab), **variant)).eval()
+        with torch.no_grad():
+            prep, h, c = model.decoder.prepare(model.encode(images).feats)
+            out = model.decoder.step(torch.tensor([1]), h, c, prep)
+        return h, out.alpha
+
+    h_tanh, alpha_tanh = first_step()
+    h_none, _ = first_step(init_activation="none")
+    assert torch.equal(torch.tanh(h_none), h_tanh)  # f_init without tanh, same affine map
+    h_relu, alpha_relu = first_step(attention_activation="relu")
+    assert torch.equal(h_relu, h_tanh) and not torch.allclose(alpha_tanh, alpha_relu)
+
+
+def test_tutorial_variants_lean_teacher_forcing_matches_steps(vocab):
+    """Teacher forcing (grad path of attention) and step by step without grad (chunked path) agree."""
+    torch.manual_seed(0)
+    model = Captioner(tiny_config(len(vocab), gate_size="vector", deep_output=False, attention_activation="relu",
+                                  init_activation="none")).eval()
+    caps = captions(6, 5, len(vocab))
+    feats = model.encode(torch.randn(6, 3, 112, 112)).feats.detach()
+    tf = model(None, caps, feats=feats)  # gradients on
+    with torch.no_grad():
+        prep, h, c = model.decoder.prepare(feats)
+        steps = []
+        for t in range(caps.shape[1] - 1):
+            out = model.decoder.step(caps[:, t], h, c, prep)
+            h, c = out.h, out.c
+            steps.append(out)
+    torch.testing.assert_close(tf.alphas.detach(), torch.stack([s.alpha for s in steps], 1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tf.logits.detach(), torch.stack([s.logits for s in steps], 1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tf.betas.detach(), torch.stack([s.beta for s in steps], 1))

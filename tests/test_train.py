@@ -19,6 +19,7 @@ from sat_core import train
 from sat_core.config import DecodeConfig
 from sat_core.data import ImageStore, load_karpathy, normalise
 from sat_core.decoding import beam_search
+from sat_core.io import read_tensors, save_tensors_atomic, write_json_atomic
 from tests.fixtures_world import CAPTIONS, make_dataset, train_args
 
 
@@ -47,12 +48,12 @@ def world_data(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def _weights(run: Path) -> dict[str, torch.Tensor]:
-    return ckpt.read_tensors(run / "last" / ckpt.WEIGHTS_FILE)[0]
+    return read_tensors(run / "last" / ckpt.WEIGHTS_FILE)[0]
 
 
 def _state(run: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     state = json.loads((run / "last" / train.STATE_JSON).read_text())
-    return state, ckpt.read_tensors(run / "last" / train.STATE_TENSORS)[0]
+    return state, read_tensors(run / "last" / train.STATE_TENSORS)[0]
 
 
 def assert_same_run(a: Path, b: Path) -> None:
@@ -100,7 +101,7 @@ def test_tiny_model_overfits_four_captions_through_the_cli(tiny_data, tmp_path, 
     assert _greedy(run / "best", data, images) == CAPTIONS
     best = json.loads((run / "best" / ckpt.CONFIG_FILE).read_text())
     assert best["metrics"]["val_BLEU-4"] > 0.999
-    assert json.loads((run / "train_config.json").read_text())["lr"] == 1e-2
+    assert json.loads((run / "train_config.json").read_text())["optim"]["lr"] == 1e-2
 
 
 def test_patience_stops_a_run_that_does_not_improve(tiny_data, tmp_path):
@@ -172,7 +173,7 @@ def _frozen_encoder(path: Path) -> Path:
 
     torch.manual_seed(123)
     config = ModelConfig(small_channels=(8, 16, 16), feature_dim=16, vocab_size=10)
-    ckpt.save_tensors_atomic(path, Encoder(config).state_dict())
+    save_tensors_atomic(path, Encoder(config).state_dict())
     return path
 
 
@@ -207,7 +208,7 @@ def test_resume_mid_epoch_after_sigterm_matches_an_uninterrupted_run(world_data,
     assert train.main(["--resume", str(tmp_path / "b")]) == 0
     assert_same_run(tmp_path / "a", tmp_path / "b")
     if "--encoder-weights" in extra:  # the pretrained encoder stayed frozen through training and resume
-        frozen = ckpt.read_tensors(tmp_path / "encoder.safetensors")[0]
+        frozen = read_tensors(tmp_path / "encoder.safetensors")[0]
         weights = _weights(tmp_path / "b")
         assert all(torch.equal(weights["encoder." + k], v) for k, v in frozen.items())
 
@@ -236,10 +237,10 @@ def test_cached_features_are_what_the_saved_model_computes(tiny_data, tmp_path):
     trainer.run()
     loaded = ckpt.load_checkpoint(tmp_path / "run" / "last")
     with torch.no_grad():
-        feats = loaded.model.encode(normalise(trainer.store.images, loaded.preprocess))  # (N, L, D)
+        feats = loaded.model.encode(normalise(trainer.store.images, loaded.preprocess)).feats  # (N, L, D)
     assert feats.shape == trainer.features.shape
     torch.testing.assert_close(trainer.features.float(), feats, atol=2e-3, rtol=2e-3)  # fp16 cache
-    frozen = ckpt.read_tensors(enc)[0]
+    frozen = read_tensors(enc)[0]
     saved = loaded.model.encoder.state_dict()
     assert all(torch.equal(saved[k], v) for k, v in frozen.items()), "batch-norm statistics were overwritten"
 
@@ -305,7 +306,7 @@ def test_resume_without_state_is_a_clear_error(tiny_data, tmp_path, capsys, cont
     run.mkdir()
     if content != "nothing":  # a run killed before its first checkpoint, or a plain model folder
         train_cfg = train.parse_config(train_args(data, images, run))[0]
-        ckpt.write_json_atomic(run / "train_config.json", train_cfg.to_dict())
+        write_json_atomic(run / "train_config.json", train_cfg.to_dict())
     if content == "config and weights":
         trainer = train.Trainer(*train.parse_config(train_args(data, images, tmp_path / "other")))
         trainer._save_model(run / "last")  # weights and config.json, no resumable state

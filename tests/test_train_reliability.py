@@ -21,6 +21,7 @@ import torch
 
 from sat_core import checkpoint as ckpt
 from sat_core import train
+from sat_core.io import read_tensors
 from sat_core.data import BucketBatchSampler, load_karpathy
 from sat_core.losses import caption_loss
 from tests.fixtures_world import REPO_ROOT, make_dataset, python_module, subprocess_env, train_args
@@ -88,7 +89,7 @@ def assert_checkpoint_intact(last: Path) -> dict[str, torch.Tensor]:
     names = sorted(p.name for p in last.iterdir())
     assert names == sorted([ckpt.CONFIG_FILE, ckpt.WEIGHTS_FILE, train.STATE_JSON, train.STATE_TENSORS]), names
     weights, config = ckpt.read_checkpoint(last)
-    state_tensors, _ = ckpt.read_tensors(last / train.STATE_TENSORS)
+    state_tensors, _ = read_tensors(last / train.STATE_TENSORS)
     state = json.loads((last / train.STATE_JSON).read_text())
     assert config["format"] == ckpt.FORMAT and "skeleton" in state
     for name, tensor in {**weights, **state_tensors}.items():

@@ -80,8 +80,8 @@ def test_normalisation_modes() -> None:
     np.testing.assert_allclose(word.reshape(3, -1).max(axis=1), [1.0, 1.0, 0.0])
     caption = viz.normalise_maps(maps, "caption")
     np.testing.assert_allclose(caption.reshape(3, -1).max(axis=1), [1.0, 0.25, 0.0])
-    glob = viz.normalise_maps(maps, "global", global_max=1.6)
-    np.testing.assert_allclose(glob.reshape(3, -1).max(axis=1), [0.5, 0.125, 0.0])
+    glob = viz.normalise_maps(maps, "global", global_max=1.6)  # (α / 1.6)^½: one scale, weak maps visible
+    np.testing.assert_allclose(glob.reshape(3, -1).max(axis=1), [0.5**0.5, 0.125**0.5, 0.0])
     assert viz.normalise_maps(maps, "global", global_max=0.4).max() == 1.0  # clipped into [0, 1]
     with pytest.raises(ValueError, match="global_max"):
         viz.normalise_maps(maps, "global")
@@ -195,3 +195,34 @@ def test_alphas_json_round_trips(alphas: np.ndarray) -> None:
     np.testing.assert_array_equal(got.astype(np.float32), soft)
     np.testing.assert_array_equal(got_betas.astype(np.float32), betas)
     assert viz.load_alphas_json(viz.alphas_json(WORDS, alphas, None, GRID))[2] is None
+
+
+def test_colour_bar_ticks_read_real_alpha_values() -> None:
+    ticks = viz.scale_ticks(0.2, n=3)
+    assert ticks == [(0.0, 0.0), (0.5, pytest.approx(0.1)), (1.0, pytest.approx(0.2))]
+    sqrt_ticks = viz.scale_ticks(1.0, gamma=0.5, n=3)  # colour position p shows α = p²
+    assert sqrt_ticks[1] == (0.5, pytest.approx(0.25))
+    bar = viz.colorbar_image(200, "viridis", ticks)
+    assert bar.shape == (200, 90, 3)
+    top, bottom = bar[24, 10], bar[200 - 11, 10]  # the bar's first and last rows
+    np.testing.assert_array_equal(top, viz._lut("viridis")[255])
+    np.testing.assert_array_equal(bottom, viz._lut("viridis")[0])
+    stops = viz.colormap_stops("gray", 3)
+    assert stops == [(0.0, "rgb(0,0,0)"), (0.5, "rgb(128,128,128)"), (1.0, "rgb(255,255,255)")]
+
+
+def test_titles_and_bars_frame_an_export() -> None:
+    image = np.zeros((50, 300, 3), np.uint8)
+    titled = viz.with_title(image, ["caption: a red star", "checkpoint: soft"])
+    assert titled.shape[1] == 300 and titled.shape[0] > 50 + 2 * 18
+    np.testing.assert_array_equal(titled[-50:], image)
+    framed = viz.with_colorbar(titled, viz.colorbar_image(40, "viridis", viz.scale_ticks(1.0)))
+    assert framed.shape == (titled.shape[0], 390, 3)
+
+
+def test_alphas_json_keeps_its_metadata() -> None:
+    alphas = np.full((2, 4), 0.25)
+    text = viz.alphas_json(["a", "b"], alphas, None, (2, 2), meta={"caption": "a b", "crop": [0, 0, 10, 10]})
+    assert json.loads(text)["meta"] == {"caption": "a b", "crop": [0, 0, 10, 10]}
+    words, back, _, grid = viz.load_alphas_json(text)
+    assert words == ["a", "b"] and grid == (2, 2) and np.allclose(back, alphas)

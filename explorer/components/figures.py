@@ -12,6 +12,10 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
+from sat_core import viz
+
+from explorer.maps import ColourScale
+
 _CLEAR = [[0.0, "rgba(0,0,0,0)"], [1.0, "rgba(0,0,0,0)"]]
 
 
@@ -25,8 +29,10 @@ def alpha_figure(
     region: np.ndarray | None = None,
     value_name: str = "α",
     height: int = 380,
+    scale: ColourScale | None = None,
 ) -> go.Figure:
-    """The overlay image (S, S, 3) with hover values of the raw grid (gh, gw) over it."""
+    """The overlay image (S, S, 3) with hover values of the raw grid (gh, gw) over it and, with
+    ``scale``, a colour bar labelled in real α values."""
     side = overlay.shape[0]
     gh, gw = alpha_grid.shape
     ch, cw = side / gh, side / gw
@@ -48,6 +54,14 @@ def alpha_figure(
         fig.add_trace(go.Scatter(x=[(c + 0.5) * cw], y=[(r + 0.5) * ch], mode="markers", name=location_label,
                                  marker={"symbol": "x", "size": 16, "color": "red", "line": {"width": 2}},
                                  hovertemplate=f"{location_label}: row {r}, col {c}<extra></extra>"))
+    if scale is not None:
+        ticks = scale.ticks()
+        fig.add_trace(go.Scatter(  # one invisible point: it carries the colour bar
+            x=[xs[0]], y=[ys[0]], mode="markers", hoverinfo="skip", showlegend=False,
+            marker={"size": 0.1, "opacity": 0, "color": [0.0], "cmin": 0.0, "cmax": 1.0, "showscale": True,
+                    "colorscale": [list(stop) for stop in viz.colormap_stops(scale.cmap)],
+                    "colorbar": {"title": {"text": scale.title}, "thickness": 14, "len": 0.9,
+                                 "tickvals": [p for p, _ in ticks], "ticktext": [f"{v:.3g}" for _, v in ticks]}}))
     fig.update_layout(title=title or None, height=height, margin={"l": 0, "r": 0, "t": 30 if title else 0, "b": 0},
                       showlegend=False)
     fig.update_xaxes(visible=False, range=[0, side])

@@ -26,13 +26,13 @@ def draw_caption(words: Sequence[str], current: int | None = None, forced: Colle
     st.markdown(f"{prefix}{caption_markdown(words, current, forced)}", unsafe_allow_html=True)
 
 
-def draw_domain_warning(reasons: Sequence[str], confidence: float | None = None) -> None:
-    """The out-of-domain notice shown next to a caption."""
+def draw_domain_warning(reasons: Sequence[str], source: str, confidence: float | None = None) -> None:
+    """The out-of-domain notice shown next to a caption; ``source`` names the data compared with."""
     why = "; ".join(reasons)
     conf = f" The model's mean word probability here is {confidence:.2f}." if confidence is not None else ""
     st.warning(
-        "**This model was trained on synthetic shapes; captions of photos are not meaningful.** "
-        f"This image looks unlike the training data: {why}.{conf}",
+        f"**This image looks unlike the images this model was trained on ({source}); treat its caption "
+        f"with care.** {why[0].upper() + why[1:]}.{conf}",
         icon="⚠️",
     )
 
@@ -47,3 +47,10 @@ def crop_note(box: tuple[int, int, int, int], original_size: tuple[int, int], im
     (left, top, right, bottom), (w, h) = box, original_size
     return (f"The encoder saw the square ({left}, {top}) – ({right}, {bottom}) of this {w}×{h} image, "
             f"resized to {image_size}×{image_size} px; every α map covers exactly that square.")
+
+
+def draw_references(references: Sequence[str]) -> None:
+    """The dataset's reference captions of the image (none for uploads)."""
+    if references:
+        with st.expander(f"Reference captions ({len(references)})", expanded=True):
+            st.markdown("\n".join(f"{k}. {r}" for k, r in enumerate(references, 1)))

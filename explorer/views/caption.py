@@ -3,26 +3,26 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import streamlit as st
 
 from sat_core import viz
 from sat_core.decoding import Hypothesis
 from sat_core.errors import SatError
-from sat_core.explain import box_mask
+from sat_core.regions import box_mask
 
-from explorer import maps
+from explorer import exports, maps
 from explorer import resources as res
 from explorer.components import text
 from explorer.components.figures import draw_alpha
 from explorer.components.images import draw_crop_view
-from explorer.components.text import draw_domain_warning, draw_help
+from explorer.components.text import draw_domain_warning, draw_help, draw_references
 from explorer.guards import beams, need_image, need_model
 from explorer.maps import MapSettings
 from explorer.resources import PreparedImage
-from explorer.state import context
+from explorer.state import context, keep_choice, write_url
 
 
 def crop_note(image: PreparedImage) -> str:
@@ -38,21 +38,41 @@ def draw_crop(image: PreparedImage) -> None:
     draw_crop_view(image.original, box, crop_note(image) + " Dimmed parts were not seen.")
 
 
-def draw_exports(crop: np.ndarray, words: list[str], alphas: np.ndarray, betas: np.ndarray,
-                 grid: tuple[int, int], settings: MapSettings, strip_png: bytes, stem: str) -> None:
+def draw_exports(image: PreparedImage, words: list[str], best: Hypothesis, settings: MapSettings, meta: dict,
+                 stem: str) -> None:
     kwargs = {**settings.viz_kwargs(), "panel_size": 112}
+    crop, grid = image.crop, best.grid
     c1, c2, c3 = st.columns(3)
-    c1.download_button("Download strip (PNG)", strip_png, f"{stem}_strip.png", "image/png", key="dl_png")
-    c2.download_button("Download animation (GIF)", lambda: viz.strip_gif(crop, words, alphas, grid, **kwargs),
+    c1.download_button("Download figure for slides (PNG, ≥ 1600 px)", lambda: exports.slide_png(image, words, best, settings, meta),
+                       f"{stem}_attention.png", "image/png", key="dl_png")
+    c2.download_button("Download animation (GIF)", lambda: viz.strip_gif(crop, words, best.alphas, grid, **kwargs),
                        f"{stem}_attention.gif", "image/gif", key="dl_gif")
-    c3.download_button("Download α values (JSON)", viz.alphas_json(words, alphas, betas, grid),
+    c3.download_button("Download α values (JSON)", viz.alphas_json(words, best.alphas, best.betas, grid, meta=meta),
                        f"{stem}_alphas.json", "application/json", key="dl_json")
+
+
+def draw_closer(image: PreparedImage, words: list[str], best: Hypothesis, settings: MapSettings) -> None:
+    """One word's α map, large, beside the image the encoder saw."""
+    keep_choice("closer_word", list(range(len(words))))
+    t = st.selectbox("Look closer at one word", range(len(words)), format_func=lambda i: f"{i + 1}: {words[i]}",
+                     key="closer_word")
+    left, right = st.columns(2)
+    left.image(image.crop, caption="What the encoder saw", width="stretch")
+    with right:
+        overlay = maps.overlays(image.crop, best.alphas, best.grid, settings)[t]
+        draw_alpha(overlay, best.alphas[t].reshape(best.grid), key="closer_alpha", height=460,
+                   scale=maps.colour_scale(image.crop.shape[0], best.alphas, best.grid, settings, t=t),
+                   title=f"α for “{words[t]}” (step {t + 1})")
 
 
 def draw_beam_table(hyps: list[Hypothesis]) -> None:
     rows = [{"rank": k + 1, "caption": h.caption, "log p": round(h.logprob, 3), "score": round(h.score, 3),
              "words": len(h.words), "finished": h.finished} for k, h in enumerate(hyps)]
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config={
+        "rank": st.column_config.NumberColumn(width=40), "caption": st.column_config.TextColumn(width="medium"),
+        "log p": st.column_config.NumberColumn(width=60), "score": st.column_config.NumberColumn(width=60),
+        "words": st.column_config.NumberColumn(width=50),
+        "finished": st.column_config.CheckboxColumn(width=60, help="False: cut at the length cap")})
 
 
 def main() -> None:
@@ -66,7 +86,9 @@ def main() -> None:
     with left:
         draw_crop(image)
     with right:
-        st.markdown(f"**Caption:** {best.caption or '(empty)'}")
+        cut = "" if best.finished else (f" … *(cut at the length cap of {ctx.decode.max_len} words: raise "
+                                        "Max length in the sidebar to let it finish)*")
+        st.markdown(f"**Caption:** {best.caption or '(empty)'}{cut}")
         confidence = math.exp(best.logprob / max(1, len(best.tokens)))
         m1, m2, m3 = st.columns(3)
         m1.metric("log p(caption)", f"{best.logprob:.2f}")
@@ -74,25 +96,29 @@ def main() -> None:
         m3.metric("mean word probability", f"{confidence:.3f}")
         if image.uploaded:
             try:
-                check = res.domain_check(image.key, ctx.world_dir, image.original)
-            except SatError:  # no gallery to compare with: say nothing rather than guess
+                check = res.domain_check(image.key, ctx.ckpt_key, ctx.source, loaded, image.original)
+            except SatError:  # no statistics and no gallery to compare with: say nothing rather than guess
                 check = None
             if check is not None and check.far:
-                draw_domain_warning(check.reasons, confidence)
+                draw_domain_warning(check.reasons, check.source, confidence)
         st.markdown(f"**The beam's {len(hyps)} hypotheses** (beam size {ctx.decode.beam_size})")
         draw_beam_table(hyps)
+        draw_references(image.references)
     words = maps.step_words(best.words, len(best.alphas))
     st.subheader("Where the model looked for each word")
-    strip = maps.strip(image.crop, words, best.alphas, best.grid, ctx.maps)
-    st.image(strip, caption=f"α maps ({maps.METHODS[ctx.maps.method]}, "
-                                             f"normalised {maps.NORMS[ctx.maps.norm].lower()})")
+    strip = maps.strip_with_scale(image.crop, words, best.alphas, best.grid, ctx.maps)
+    st.image(strip, caption=f"α maps ({maps.METHODS[ctx.maps.method]}, normalised "
+                            f"{maps.NORMS[ctx.maps.norm].lower()}); hover the picture for its fullscreen button")
+    draw_closer(image, words, best, ctx.maps)
     if ctx.maps.coverage:
         overlay, cover = maps.coverage_overlay(image.crop, best.alphas, best.grid, ctx.maps)
         st.markdown(f"**Coverage Σ_t α_t** (ranges {cover.min():.2f} – {cover.max():.2f}; the doubly stochastic "
                     "penalty pushes every cell towards 1)")
-        draw_alpha(overlay, cover, key="coverage_fig", value_name="Σα", height=320)
-    stem = f"scene_{image.record.id}" if image.record is not None else image.key.replace(":", "_")
-    draw_exports(image.crop, words, best.alphas, best.betas, best.grid, ctx.maps, viz.strip_png(strip), stem)
+        draw_alpha(overlay, cover, key="coverage_fig", value_name="Σα", height=320,
+                   scale=maps.coverage_scale(image.crop.shape[0], cover, best.grid, ctx.maps))
+    stem = Path(image.name).stem or image.key.replace(":", "_")
+    draw_exports(image, words, best, ctx.maps, exports.export_meta(ctx, image, best), stem)
+    write_url()  # the enlarged word is part of the link
     draw_help("How to read this", (
         "The caption is the best hypothesis of a beam search (beam size 1 = greedy). The score is the "
         "sum of the words' log-probabilities (divided by length^n when length normalisation is on). "

@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from sat_core.checkpoint import LoadedCheckpoint, resolve_checkpoint_path
+from sat_core.checkpoint import LoadedCheckpoint
+from sat_core.paths import resolve_checkpoint_path
 from sat_core.errors import SatError
 
 from explorer import resources as res

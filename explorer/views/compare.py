@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,6 @@ import pandas as pd
 import streamlit as st
 
 from sat_core.checkpoint import LoadedCheckpoint
-from sat_core.config import DecodeConfig
 from sat_core.decoding import Hypothesis
 from sat_core.errors import SatError
 
@@ -97,7 +97,7 @@ def main() -> None:
     except SatError as err:
         st.error(str(err))
         st.stop()
-    cfg = DecodeConfig(beam_size=1, max_len=ctx.decode.max_len, hard_mode=ctx.decode.hard_mode, seed=ctx.decode.seed)
+    cfg = dataclasses.replace(ctx.decode, beam_size=1)
     hyps = [beams(ctx, loaded, cfg=cfg)[0] for _, loaded in models]
     longest = max(len(h.alphas) for h in hyps)
     t = st.slider("Step", 1, max(2, longest), 1, key="cmp_step") - 1 if longest > 1 else 0

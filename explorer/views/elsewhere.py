@@ -7,7 +7,7 @@ import streamlit as st
 
 from sat_core.decoding import Hypothesis, Intervention
 from sat_core.errors import SatError
-from sat_core.explain import grid_region, mask_on_grid
+from sat_core.regions import grid_region, mask_on_grid
 
 from explorer import maps
 from explorer.components.figures import draw_alpha

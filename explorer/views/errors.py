@@ -2,40 +2,59 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pandas as pd
 import streamlit as st
 
-from sat_core.config import DecodeConfig
 from sat_core.errors import SatError
-from sat_core.explain import slice_metrics, word_type_correctness
-from sat_core.grounding import ERROR_LABELS
+from sat_core.analysis import slice_metrics, word_type_correctness
 
 from explorer import stepping
 from explorer import resources as res
 from explorer.components.text import draw_help
-from explorer.guards import cfg_json, need_model
-from explorer.state import context, set_pending
+from explorer.guards import need_model
+from explorer.resources import Gallery
+from explorer.state import context, keep_choice, set_pending, write_url
 
 
-def records_table(records: list[dict]) -> pd.DataFrame:
+def records_table(records: list[dict], gallery: Gallery | None) -> pd.DataFrame:
+    """One row per image: thumbnail, file name, caption, scores, labels, references."""
+    def thumb(r: dict) -> str:
+        record = gallery.by_id.get(r["image_id"]) if gallery is not None else None
+        return res.thumbnail(str(record.path)) if record is not None else ""
+
     return pd.DataFrame([{
+        "image": thumb(r),
+        "file": r.get("filename", ""),
         "image_id": r["image_id"],
         "caption": r["caption"],
         "CIDEr": r["scores"].get("CIDEr"),
         "BLEU-4": r["scores"].get("BLEU-4"),
         "errors": ", ".join(r.get("errors") or []) or "—",
+        "first wrong word": _first_wrong(r),
         "attention correctness": r.get("attention_correctness"),
         "objects": r.get("n_objects"),
-        "reference": (r.get("references") or [""])[0],
+        "references": " | ".join(r.get("references") or []),
     } for r in records])
+
+
+def _first_wrong(record: dict) -> str:
+    index = record.get("first_error")
+    tokens = record.get("tokens") or []
+    return f"{index + 1}: {tokens[index]}" if index is not None and index < len(tokens) else ""
 
 
 def filter_ui(table: pd.DataFrame) -> pd.DataFrame:
     c1, c2, c3 = st.columns([2, 2, 1])
-    labels = c1.multiselect("Error labels (any of)", list(ERROR_LABELS), key="err_labels")
+    present = sorted({label for cell in table["errors"] for label in cell.split(", ") if label != "—"})
+    if "err_labels" in st.session_state:  # from a link: keep the labels this table has
+        st.session_state["err_labels"] = [label for label in st.session_state["err_labels"] if label in present]
+    labels = c1.multiselect("Error labels (any of)", present, key="err_labels")
     top = float(max(1.0, table["CIDEr"].max() if len(table) else 1.0))
     low, high = c2.slider("CIDEr range", 0.0, top, (0.0, top), key="err_cider")
-    order = c3.selectbox("Sort by", ["CIDEr ↑ (worst first)", "CIDEr ↓", "image_id"], key="err_sort")
+    orders = ["CIDEr ↑ (worst first)", "CIDEr ↓", "image_id"]
+    keep_choice("err_sort", orders)
+    order = c3.selectbox("Sort by", orders, key="err_sort")
     keep = table["CIDEr"].between(low, high)
     if labels:
         keep &= table["errors"].apply(lambda e: any(label in e.split(", ") for label in labels))
@@ -45,10 +64,11 @@ def filter_ui(table: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("image_id", kind="stable")
 
 
-def open_in_step(image_id: int) -> None:
-    """Show the scene in Step through, caption complete, ground-truth objects outlined."""
-    set_pending(source="Gallery scene", scene=int(image_id), masks=True)
-    st.session_state["step"] = 99
+def open_in_step(record: dict) -> None:
+    """Show this record's image in Step through, stopped at its first wrong word (else the whole caption)."""
+    set_pending(source="Gallery scene", scene=int(record["image_id"]), masks=True)
+    first = record.get("first_error")
+    st.session_state["step"] = first + 1 if first is not None else stepping.PLAY_TO_END
     st.session_state["forced"] = {}
     stepping.keep_on_next_change()
     st.switch_page("views/step.py")
@@ -63,33 +83,53 @@ def draw_summaries(data: dict) -> None:
         col.metric(label, "—" if value is None else f"{value:.3f}")
 
 
+def load_records(ctx, loaded, cfg) -> dict:
+    """Records of every image of the dataset split: stored with the checkpoint, cached on disk, or computed
+    now with a progress bar (then cached on disk for this checkpoint and dataset)."""
+    gallery = ctx.gallery
+    if gallery is None:
+        st.error(ctx.gallery_error or "No dataset to analyse.")
+        st.stop()
+    key = res.stamp(loaded.path)
+    try:
+        data = res.stored_records(loaded, gallery) or res.cached_records(key, gallery, cfg)
+        if data is None:
+            bar = st.progress(0.0, text=f"Evaluating {len(gallery.ids)} images of {gallery.note} (once per checkpoint)…")
+            data = res.compute_records(key, loaded, gallery, cfg,
+                                       progress=lambda done, total: bar.progress(done / total, text=(
+                                           f"Evaluating: {done} of {total} images decoded")))
+            bar.empty()
+    except SatError as err:
+        st.error(str(err))
+        st.stop()
+    return data
+
+
 def main() -> None:
     st.title("Error analysis")
     ctx = context()
     loaded = need_model(ctx)
-    cfg = DecodeConfig(beam_size=ctx.decode.beam_size, max_len=ctx.decode.max_len)
-    try:
-        data = res.eval_records(res.stamp(loaded.path), ctx.world_dir, cfg_json(cfg), loaded)
-    except SatError as err:
-        st.error(str(err))
-        st.stop()
+    cfg = dataclasses.replace(ctx.decode, hard_mode="expect", seed=0)  # records are deterministic
+    data = load_records(ctx, loaded, cfg)
     records = data.get("records") or []
     st.caption(f"{len(records)} images · records: {data.get('source', 'eval_records.json')}")
     draw_summaries(data)
-    table = filter_ui(records_table(records))
-    st.markdown(f"**{len(table)} images match.** Select a row to open it in *Step through*.")
+    table = filter_ui(records_table(records, ctx.gallery))
+    st.markdown(f"**{len(table)} images match.** Select a row to open its image in *Step through*, stopped at "
+                "its first wrong word.")
     event = st.dataframe(table, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row",
-                         key="err_table")
+                         key="err_table", column_config={"image": st.column_config.ImageColumn("image", width="small")})
+    by_id = {r["image_id"]: r for r in records}
     rows = event.selection.rows if event is not None and hasattr(event, "selection") else []
     if rows:
-        open_in_step(int(table.iloc[rows[0]]["image_id"]))
-    ids = table["image_id"].tolist()
-    gallery_ids = set(ctx.gallery.ids) if ctx.gallery is not None else set()
+        open_in_step(by_id[int(table.iloc[rows[0]]["image_id"])])
     c1, c2 = st.columns([3, 1])
-    chosen = c1.selectbox("Open image", [i for i in ids if i in gallery_ids], key="err_open",
-                          format_func=lambda i: f"Scene {i}")
+    ids = table["image_id"].tolist()
+    chosen = c1.selectbox("Open image", ids, key="err_open",
+                          format_func=lambda i: f"{by_id[i].get('filename') or i} — {by_id[i]['caption']}")
     if c2.button("Open in step-through", key="err_open_button", disabled=chosen is None):
-        open_in_step(chosen)
+        open_in_step(by_id[chosen])
+    write_url()  # the filters are part of the link
     st.subheader("Metrics per slice")
     st.dataframe(pd.DataFrame(slice_metrics(records)), hide_index=True, width="stretch")
     st.subheader("Attention correctness per word type")
@@ -99,9 +139,13 @@ def main() -> None:
     else:
         st.info("No generated word could be grounded to an object, so there is no attention correctness to show.")
     draw_help("What these numbers mean", (
-        "CIDEr and BLEU-4 are per-image scores against the scene's five references (mean per slice; corpus "
-        "BLEU pools counts, so the top row can differ). Error labels come from grounding the caption against "
-        "the scene's objects. *Attention correctness* is the share of α, at the step that produced a word, that "
+        "CIDEr and BLEU-4 are per-image scores against the image's references (mean per slice; corpus "
+        "BLEU pools counts, so the top row can differ). Error labels from the references hold for every dataset: "
+        "*hallucinated_word* (a content word no reference uses), *missed_word* (a content word most references "
+        "use), *repetition*, *unk*, *truncated* (cut at the length cap), *too_short* / *too_long*; content words "
+        "are told from function words by how much likelier they are in an image's other references once one "
+        "has them. On scenes with known objects, grounding the caption adds *wrong_colour*, *wrong_shape*, "
+        "*missed_object*, *hallucinated_object* … *Attention correctness* is the share of α, at the step that produced a word, that "
         "falls on the one object the word was matched to; compare it with the uniform baseline, that object's "
         "share of the image. An image's figure averages its shape, colour and size words (the kinds marked "
         "*in_attention_correctness*); words matched to several objects (plurals) are left out. The same "

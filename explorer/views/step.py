@@ -8,40 +8,52 @@ import streamlit as st
 
 from sat_core import viz
 from sat_core.decoding import DecodeSession, StepView
-from sat_core.explain import alpha_summary, mask_in_crop
+from sat_core.alpha import alpha_summary
+from sat_core.regions import mask_in_crop
 
 from explorer import maps, stepping
 from explorer.components.figures import draw_alpha, draw_topk
-from explorer.components.text import crop_note, draw_caption, draw_help
+from explorer.components.text import crop_note, draw_caption, draw_help, draw_references
 from explorer.guards import need_image, need_model, object_masks
 from explorer.maps import MapSettings
 from explorer.resources import PreparedImage
 from explorer.state import Context, context, write_url
 
 
-def draw_controls(session: DecodeSession, max_len: int) -> None:
-    c1, c2, c3, c4 = st.columns(4)
-    c1.button("◀ Back", key="step_back", on_click=stepping.back, disabled=len(session.steps) <= 1, width="stretch")
-    c2.button("Next ▶", key="step_next", on_click=stepping.next_step, disabled=session.done, width="stretch",
-              type="primary")
-    c3.button("Play ▶▶", key="step_play", on_click=stepping.play, args=(max_len,), disabled=session.done,
-              width="stretch", help="Run to the end of the caption")
-    c4.button("Reset", key="step_reset", on_click=stepping.reset, width="stretch")
+SPEEDS = {"slow (2 s a word)": 2.0, "normal (1 s)": 1.0, "fast (0.4 s)": 0.4}
+
+
+def draw_controls(session: DecodeSession) -> None:
+    """Back / Next (also the ← and → keys), Play at a chosen speed, Reset."""
+    playing = bool(st.session_state.get(stepping.PLAYING))
+    c1, c2, c3, c4, c5 = st.columns([1, 1, 1, 1.3, 1])
+    c1.button("◀ Back", key="step_back", on_click=stepping.back, disabled=len(session.steps) <= 1 or playing,
+              width="stretch", shortcut="Left", help="Previous word (← key)")
+    c2.button("Next ▶", key="step_next", on_click=stepping.next_step, disabled=session.done or playing,
+              width="stretch", type="primary", shortcut="Right", help="Next word (→ key)")
+    c3.button("⏸ Pause" if playing else "▶ Play", key="step_play", on_click=stepping.play,
+              disabled=session.done and not playing, width="stretch", help="Add one word at a time")
+    c4.selectbox("Speed", list(SPEEDS), index=1, key="play_speed", label_visibility="collapsed")
+    c5.button("Reset", key="step_reset", on_click=stepping.reset, width="stretch", disabled=playing)
 
 
 def draw_force(view: StepView) -> None:
     """Pick another word of the top-k for the current step; decoding continues from it."""
     others = [w for w in view.top_words if w != view.word] or view.top_words
-    c1, c2 = st.columns([3, 1])
+    c1, c2 = st.columns([2, 1], vertical_alignment="bottom")
     c1.selectbox(f"Force a different word at step {view.index + 1}", others, key="force_choice")
     # The callback reads the choice when clicked (args bound now would hold the previous run's value).
     c2.button("Force word", key="force_button", on_click=lambda: stepping.force(st.session_state["force_choice"]),
               width="stretch")
+    st.caption(f"Forcing replaces word {view.index + 1} only. α and β of this step stay as they are: they were "
+               f"computed from h_{view.index}, before any word was picked. The forced word enters the LSTM, so "
+               f"the change shows from step {view.index + 2} on — in its distribution first, and in its α, "
+               f"which is computed from the new h_{view.index + 1}.")
 
 
 def overlay_for_step(image: PreparedImage, session: DecodeSession, settings: MapSettings,
                      with_masks: bool) -> np.ndarray:
-    alphas = np.stack([s.alpha.reshape(-1) for s in session.steps])  # (T, L)
+    alphas = session.alphas  # (T, L)
     overlay = maps.overlays(image.crop, alphas, session.grid, settings)[-1]
     masks = object_masks(image) if with_masks else []
     if masks:
@@ -56,13 +68,17 @@ def draw_step(ctx: Context, image: PreparedImage, session: DecodeSession, hard: 
     left, right = st.columns([3, 2])
     with left:
         st.markdown(f"**α at step {view.index + 1}** (word “{view.word}”) — hover a cell for its exact value")
+        scale = maps.colour_scale(image.crop.shape[0], session.alphas, session.grid, ctx.maps, t=view.index)
         draw_alpha(overlay_for_step(image, session, ctx.maps, with_masks), view.alpha, key="step_alpha",
-                   location=view.location if hard else None,
+                   location=view.location if hard else None, scale=scale,
                    location_label="sampled location" if ctx.decode.hard_mode == "sample" else "argmax α")
         c = image.crop_info
         st.caption(crop_note(c.box, c.original_size, c.image_size))
     with right:
-        st.markdown(f"**Top {len(view.top_words)} next words at step {view.index + 1}**")
+        st.markdown(f"**p(word {view.index + 1} | image, words 1–{view.index}): the {len(view.top_words)} most "
+                    f"probable** — the distribution “{view.word}” was taken from" if view.index else
+                    f"**p(word 1 | image): the {len(view.top_words)} most probable** — the distribution "
+                    f"“{view.word}” was taken from")
         draw_topk(view.top_words, view.top_probs, view.word, key="step_topk")
         m1, m2, m3 = st.columns(3)
         m1.metric("β_t (gate)", f"{view.beta:.3f}")
@@ -76,10 +92,41 @@ def draw_step(ctx: Context, image: PreparedImage, session: DecodeSession, hard: 
 
 
 def draw_coverage(image: PreparedImage, session: DecodeSession, settings: MapSettings) -> None:
-    alphas = np.stack([s.alpha.reshape(-1) for s in session.steps])  # (T, L)
+    alphas = session.alphas  # (T, L)
     overlay, cover = maps.coverage_overlay(image.crop, alphas, session.grid, settings)
     st.markdown(f"**Coverage Σ_t α_t over the first {len(alphas)} steps** (max {cover.max():.2f})")
-    draw_alpha(overlay, cover, key="step_coverage", value_name="Σα", height=300)
+    scale = maps.coverage_scale(image.crop.shape[0], cover, session.grid, settings)
+    draw_alpha(overlay, cover, key="step_coverage", value_name="Σα", height=300, scale=scale)
+
+
+def draw_view(ctx: Context, image: PreparedImage, loaded, timer: float | None) -> None:
+    """Everything a step changes; a fragment, so a click or a Play tick reruns only this part."""
+    if bool(st.session_state.get(stepping.PLAYING)) != (timer is not None):
+        st.rerun()  # Play or Pause was clicked: the whole page again, to start or stop the fragment's timer
+    session, error = stepping.current_session(ctx)
+    write_url()  # the step may have moved: the link says where the view is
+    note = stepping.pop_notice()
+    if note:
+        st.info(note, icon="↩️")
+    if error:
+        st.error(error)
+    draw_controls(session)
+    forced = {s.index for s in session.steps if s.forced}
+    words = [s.word for s in session.steps]
+    draw_caption(words, len(words) - 1, forced, prefix=f"**Step {len(words)}:** ")
+    if session.done:
+        ended = session.steps[-1].token == loaded.vocab.end_id
+        st.success(f"Caption complete after {len(words)} steps: log p = {session.logprob:.2f}" if ended else
+                   f"Caption cut at the length cap of {ctx.decode.max_len} words (log p = {session.logprob:.2f}); "
+                   "raise *Max length* in the sidebar to let it finish.")
+    draw_step(ctx, image, session, loaded.model.hard)
+    if ctx.maps.coverage:
+        draw_coverage(image, session, ctx.maps)
+    st.download_button("Download α values so far (JSON)",
+                       viz.alphas_json(words, session.alphas, session.betas, session.grid),
+                       "steps_alphas.json", "application/json", key="step_json")
+    if st.session_state.get(stepping.PLAYING) and not stepping.tick(session):
+        st.rerun()  # the end: stop the timer
 
 
 def main() -> None:
@@ -87,29 +134,20 @@ def main() -> None:
     ctx = context()
     loaded = need_model(ctx)
     image = need_image(ctx)
-    session, error = stepping.current_session(ctx)
-    write_url()  # the step may have been clamped at the end of the caption
-    if error:
-        st.error(error)
-    draw_controls(session, ctx.decode.max_len)
-    forced = {s.index for s in session.steps if s.forced}
-    words = [s.word for s in session.steps]
-    draw_caption(words, len(words) - 1, forced, prefix=f"**Step {len(words)}:** ")
-    if session.done:
-        st.success(f"Caption complete after {len(words)} steps: log p = {session.logprob:.2f}")
-    draw_step(ctx, image, session, loaded.model.hard)
-    if ctx.maps.coverage:
-        draw_coverage(image, session, ctx.maps)
-    st.download_button("Download α values so far (JSON)",
-                       viz.alphas_json(words, np.stack([s.alpha.reshape(-1) for s in session.steps]),
-                                       np.array([s.beta for s in session.steps]), session.grid),
-                       "steps_alphas.json", "application/json", key="step_json")
+    if ctx.decode.beam_size > 1:
+        st.caption(f"Stepping decodes greedily (one word at a time, beam size 1); the Caption page searches with "
+                   f"beam size {ctx.decode.beam_size}, so its caption can differ from the one built here.")
+    playing = bool(st.session_state.get(stepping.PLAYING))
+    every = SPEEDS.get(st.session_state.get("play_speed"), 1.0) if playing else None
+    st.fragment(run_every=every)(draw_view)(ctx, image, loaded, every)
+    draw_references(image.references)
     draw_help("What happens in one step", (
         "At step t the decoder scores every region with f_att(a_i, h_{t−1}); a softmax turns the scores into α_t. "
         "The context ẑ_t = β_t Σ_i α_ti a_i feeds the LSTM, whose new state gives the next-word distribution "
-        "(the bar chart). **Next** takes its most probable word; **Force word** replaces the current word and "
-        "decoding continues from it (forced words are underlined and starred). The encoder ran once: "
-        "every step is one decoder step. See *How it works* for the equations with this step's numbers."))
+        "(the bar chart). **Next** (→) takes its most probable word, **Back** (←) undoes one, **Play** adds one "
+        "word per tick; **Force word** replaces the current word and decoding continues from it (forced words "
+        "are underlined and starred). The encoder ran once: every step is one decoder step. See *How it works* "
+        "for the equations with this step's numbers."))
 
 
 main()

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import streamlit as st
 
 from sat_core.decoding import DecodeSession, StepView
-from sat_core.explain import alpha_summary, doubly_stochastic_penalty
+from sat_core.alpha import alpha_summary, doubly_stochastic
 
 from explorer import stepping
 from explorer.components.text import draw_caption
@@ -63,12 +62,12 @@ def draw_output(view: StepView, t: int) -> None:
 
 def draw_penalty(session: DecodeSession) -> None:
     st.subheader("4 · Training signal: look everywhere once")
-    alphas = np.stack([s.alpha.reshape(-1) for s in session.steps])  # (T, L)
+    alphas = session.alphas  # (T, L)
     st.markdown("Soft attention is trained with the doubly stochastic penalty, which pushes every region to "
                 "receive about one unit of attention over the whole caption.")
     st.latex(r"L_d = -\log p(y \mid a) + \lambda \sum_{i=1}^{L} \Big(1 - \sum_t \alpha_{ti}\Big)^2")
     st.latex(rf"\text{{over the {len(alphas)} steps so far}}:\quad \sum_i \Big(1 - \sum_t \alpha_{{ti}}\Big)^2 = "
-             rf"{doubly_stochastic_penalty(alphas):.2f}")
+             rf"{float(doubly_stochastic(alphas)):.2f}")
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from torch import nn
 from sat_core.config import ModelConfig
 from sat_core.errors import SatError
 from sat_core.models.decoder import Decoder
-from sat_core.models.encoder import Encoder
+from sat_core.models.encoder import Annotations, Encoder
 
 
 @dataclass
@@ -30,21 +30,14 @@ class Captioner(nn.Module):
         self.config = config
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
-        self.grid: tuple[int, int] | None = None
 
     @property
     def hard(self) -> bool:
         return self.decoder.hard
 
-    def encode_with_grid(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Annotations (B, L, D) and this batch's grid (gh, gw)."""
-        feats, grid = self.encoder(images)
-        self.grid = grid  # the last grid seen, for callers that pass annotations instead of images
-        return feats, grid
-
-    def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """Annotations (B, L, D); the grid shape is kept in ``self.grid``."""
-        return self.encode_with_grid(images)[0]
+    def encode(self, images: torch.Tensor) -> Annotations:
+        """Annotations (B, L, D) of images (B, 3, H, W) with this call's grid (gh, gw)."""
+        return self.encoder(images)
 
     def forward(
         self,
@@ -62,7 +55,7 @@ class Captioner(nn.Module):
         examples (``mix_soft_prob``) and uses the expectation α for the rest, as in the paper.
         """
         if feats is None:
-            feats = self.encode(images)  # (U, L, D)
+            feats = self.encode(images).feats  # (U, L, D)
         prep, h, c = self.decoder.prepare(feats)  # per unique image: (U, L, A), (U, n)
         if image_index is not None:
             prep, h, c = prep.index(image_index), h[image_index], c[image_index]  # (B, …)
@@ -72,20 +65,9 @@ class Captioner(nn.Module):
             p = self.config.hard.mix_soft_prob
             draw = torch.rand(B, generator=generator, device="cpu" if generator is None else generator.device)
             sample = (draw >= p).to(captions.device)  # (B,)
-        logits, alphas, betas, log_p = [], [], [], []
-        for t in range(T):
-            out = self.decoder.step(captions[:, t], h, c, prep, sample=sample, generator=generator)
-            h, c = out.h, out.c
-            logits.append(out.logits)
-            alphas.append(out.alpha)
-            betas.append(out.beta)
-            log_p.append(out.log_p_loc)
+        logits, alphas, betas, log_p = self.decoder.teacher_forced(
+            captions[:, :T], h, c, prep, sample=sample, generator=generator
+        )  # (B, T, V), (B, T, L), (B, T), (B, T)
         if sample is None:
             sample = torch.zeros(B, dtype=torch.bool, device=captions.device)
-        return TeacherForced(
-            torch.stack(logits, 1),  # (B, T, V)
-            torch.stack(alphas, 1),  # (B, T, L)
-            torch.stack(betas, 1),  # (B, T)
-            torch.stack(log_p, 1),  # (B, T)
-            sample,
-        )
+        return TeacherForced(logits, alphas, betas, log_p, sample)

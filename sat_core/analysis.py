@@ -1,0 +1,54 @@
+"""Summaries of ``sat_core.evaluate`` records for error analysis: per word kind and per slice of images.
+
+The records themselves are computed in ``sat_core.evaluate`` (the one place); this module only groups them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sat_core.evaluate import NAMING_KINDS, correctness_by_kind
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return float(np.mean(kept)) if kept else None
+
+
+def word_type_correctness(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Table rows per word kind over ``sat_core.evaluate`` records: words matched to one object, mean α
+    share on it, mean uniform baseline, and whether the kind enters the headline attention correctness."""
+    by_kind = correctness_by_kind([w for r in records for w in r.get("words") or []])
+    return [{"kind": kind, "words": row["n"], "attention_on_object": row["correctness"],
+             "uniform_baseline": row["baseline"], "in_attention_correctness": kind in NAMING_KINDS}
+            for kind, row in by_kind.items()]
+
+
+@dataclass
+class Slice:
+    name: str
+    records: list[Mapping[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "slice": self.name, "images": len(self.records),
+            "CIDEr": _mean([r["scores"].get("CIDEr") for r in self.records]),
+            "BLEU-4": _mean([r["scores"].get("BLEU-4") for r in self.records]),
+            "attention_correctness": _mean([r.get("attention_correctness") for r in self.records]),
+        }
+
+
+def slice_metrics(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Mean per-image CIDEr, BLEU-4 and attention correctness over slices: all images, no error,
+    each error label, and each number of objects in the scene."""
+    slices = [Slice("all images", list(records)),
+              Slice("no error", [r for r in records if not r.get("errors")])]
+    labels = sorted({label for r in records for label in r.get("errors") or []})
+    slices += [Slice(f"error: {label}", [r for r in records if label in (r.get("errors") or [])]) for label in labels]
+    counts = sorted({r["n_objects"] for r in records if r.get("n_objects") is not None})
+    slices += [Slice(f"{n} object{'s' * (n != 1)}", [r for r in records if r.get("n_objects") == n]) for n in counts]
+    return [s.summary() for s in slices if s.records]

@@ -1,0 +1,89 @@
+"""What a checkpoint says about itself: statistics of its training data, and its model card.
+
+The trainer stores ``training_statistics`` in every checkpoint it writes (the explorer's out-of-domain
+check and the error labels' word kinds read them); ``python -m sat_core.evaluate --card`` writes
+``metrics.json``, ``eval_records.json`` and ``MODEL_CARD.md`` into the checkpoint folder, so a user's
+model has the same card as the shipped ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sat_core.caption_errors import WordStats
+from sat_core.checkpoint import CARD_FILE, METRICS_FILE, LoadedCheckpoint
+from sat_core.data import KarpathyData
+from sat_core.domain import DomainReference
+from sat_core.errors import ImageError
+from sat_core.images import load_image
+from sat_core.io import atomic_write, write_json_atomic
+
+RECORDS_FILE = "eval_records.json"
+DOMAIN_IMAGES = 100  # training images whose colour statistics a checkpoint keeps
+
+
+def training_statistics(data: KarpathyData, split: str = "train") -> dict[str, Any]:
+    """Colour statistics of up to DOMAIN_IMAGES training images and word statistics of all their captions."""
+    indices = data.split(split)
+    name = f"{data.json_path.name} ({split} split, {len(indices)} images)"
+    images = []
+    for i in indices:
+        if len(images) == DOMAIN_IMAGES:
+            break
+        try:
+            images.append(load_image(data.images[i].path))
+        except ImageError:
+            continue  # the trainer reports unreadable images itself
+    stats: dict[str, Any] = {"word_stats": WordStats.from_references(
+        [data.images[i].sentences for i in indices], source=name).to_dict()}
+    if len(images) >= 2:
+        stats["domain"] = DomainReference.from_images(images, source=name).to_dict()
+    return stats
+
+
+def _figure(value: Any) -> str:
+    """A card figure: counts (words, regions, images) as integers, scores to three decimals."""
+    if value is None:
+        return "n/a"
+    return str(value) if isinstance(value, int) else f"{value:.3f}"
+
+
+def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, about: Sequence[str] = ()) -> str:
+    """MODEL_CARD.md text: what the model is, what it was trained on, its evaluation figures."""
+    model, training = config.get("model", {}), config.get("training", {})
+    lines = [f"# SAT Explorer — `{name}` ({model.get('attention', '?')} attention)", "", *about]
+    lines += [
+        "", "## Model",
+        f"- Encoder: {model.get('encoder', '?')} ({'fine-tuned' if model.get('finetune_encoder') else 'frozen'}); "
+        f"annotations of {model.get('feature_dim', '?')} dimensions at {config.get('preprocess', {}).get('image_size', '?')} px.",
+        f"- Decoder: LSTM {model.get('hidden_dim', '?')}, embedding {model.get('embed_dim', '?')}, attention MLP "
+        f"{model.get('attn_dim', '?')}, vocabulary {model.get('vocab_size', '?')} words, gate β "
+        f"{'on' if model.get('gate') and model.get('attention') == 'soft' else 'off'}.",
+    ]
+    if training.get("dataset"):
+        lines += ["", "## Training", f"- Data: `{training['dataset']}`; epoch {training.get('epoch', '?')}, "
+                                     f"step {training.get('step', '?')}."]
+    lines += ["", f"## {str(metrics.get('split', 'evaluation')).capitalize()} split "
+                  f"({metrics.get('n_images', '?')} images, beam {metrics.get('beam', '?')}, "
+                  f"{metrics.get('precision', 'fp32')})",
+              "| metric | value |", "| --- | --- |"]
+    lines += [f"| {k} | {_figure(v)} |" for k, v in metrics.get("corpus", {}).items()]
+    lines += [f"| grounded {k} | {_figure(v)} |" for k, v in metrics.get("grounded", {}).items()
+              if isinstance(v, (int, float))]
+    lines += [f"| attention {k} | {_figure(v)} |" for k, v in metrics.get("attention", {}).items()
+              if isinstance(v, (int, float))]
+    lines += ["", f"Produced by `sat_core.evaluate`; `{RECORDS_FILE}` holds the per-image records."]
+    return "\n".join(lines) + "\n"
+
+
+def write_card(loaded: LoadedCheckpoint, result: dict[str, Any], *, about: Sequence[str] = ()) -> list[str]:
+    """Write metrics.json, eval_records.json and MODEL_CARD.md into the checkpoint folder; return their names."""
+    metrics = {k: v for k, v in result.items() if k != "records"}
+    folder = loaded.path
+    write_json_atomic(folder / METRICS_FILE, metrics)
+    write_json_atomic(folder / RECORDS_FILE, {"split": result.get("split"), "beam": result.get("beam"),
+                                              "dataset": result.get("dataset"), "records": result["records"]})
+    text = model_card(folder.name, loaded.config, metrics, about=about)
+    atomic_write(folder / CARD_FILE, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    return [METRICS_FILE, RECORDS_FILE, CARD_FILE]

@@ -1,0 +1,95 @@
+"""A researcher's own data: a Karpathy-format photo set, a model trained on it, the app pointed at it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from sat_core import train
+from sat_core.caption_errors import REFERENCE_LABELS
+from sat_core.checkpoint import load_checkpoint
+from tests.fixtures_photos import make_photo_set
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory):
+    base = tmp_path_factory.mktemp("own")
+    data = make_photo_set(base / "photos")
+    run = base / "runs" / "photos"
+    code = train.main(["--data", str(data), "--images", str(base / "photos"), "--out", str(run), "--epochs", "2",
+                       "--batch-size", "8", "--min-word-count", "1", "--image-size", "32", "--small-channels", "8",
+                       "16", "--embed-dim", "16", "--hidden-dim", "32", "--attn-dim", "16", "--patience", "0",
+                       "--no-progress"])
+    assert code == 0
+    names = ("SAT_DATA", "SAT_IMAGES", "SAT_SPLIT", "SAT_CHECKPOINT_DIRS")
+    old = {k: os.environ.get(k) for k in names}
+    os.environ.update(SAT_DATA=str(data), SAT_IMAGES=str(base / "photos"), SAT_SPLIT="test",
+                      SAT_CHECKPOINT_DIRS=str(base / "runs"))
+    yield {"data": data, "run": run, "doc": json.loads(data.read_text())}
+    for key, value in old.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _app(page: str | None = None):
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file("../../explorer/app.py", default_timeout=60)
+    at.query_params = {"ckpt": "photos/best"}
+    if page:
+        at.switch_page(f"views/{page}.py")
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_the_trained_checkpoint_keeps_statistics_of_its_training_data(own):
+    training = load_checkpoint(own["run"] / "best").config["training"]
+    assert "dataset_photos.json (train split, 12 images)" in training["domain"]["source"]
+    assert len(training["domain"]["features"]) == 12
+    stats = training["word_stats"]
+    assert stats["lift"]["cat"] > stats["lift"]["a"]
+
+
+def test_error_analysis_lists_every_test_image_by_file_name_with_reference_labels(own):
+    at = _app("errors")
+    table = at.dataframe[0].value
+    tests = sorted(e["filename"] for e in own["doc"]["images"] if e["split"] == "test")
+    assert sorted(table["file"]) == tests
+    labels = {label for cell in table["errors"] for label in cell.split(", ") if label != "—"}
+    assert labels and labels <= set(REFERENCE_LABELS)  # no shape-world label on photos
+    assert all(cell.startswith("data:image/jpeg;base64,") for cell in table["image"])
+    row = table.iloc[0]
+    at.selectbox(key="err_open").set_value(int(row["image_id"]))
+    at.button(key="err_open_button").click().run()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "Step through"
+    scene = at.sidebar.selectbox(key="scene")
+    assert scene.value == int(row["image_id"])
+    assert scene.options[scene.index] == row["file"]  # the row's own image, by name
+    references = [e for e in own["doc"]["images"] if e["filename"] == row["file"]][0]["sentences"]
+    assert any(references[0]["raw"] in m.value for m in at.markdown)
+
+
+def test_caption_page_shows_the_references(own):
+    at = _app()
+    shown = " ".join(m.value for m in at.markdown)
+    entry = [e for e in own["doc"]["images"] if e["split"] == "test"][0]
+    assert at.sidebar.selectbox(key="scene").options[0] == entry["filename"]
+    for sentence in entry["sentences"]:
+        assert sentence["raw"] in shown
+
+
+def test_a_named_dataset_that_cannot_be_read_is_reported_not_replaced(own, tmp_path, monkeypatch):
+    monkeypatch.setenv("SAT_IMAGES", str(tmp_path))  # the right JSON, the wrong images folder
+    at = _app()
+    errors = [e.value for e in at.error]
+    assert any("cat_000.jpg" in e or "_000.jpg" in e for e in errors) and any("--images" in e for e in errors)
+    monkeypatch.setenv("SAT_DATA", str(tmp_path / "missing.json"))
+    at = _app()
+    assert any("missing.json" in e.value for e in at.error)
+    assert not any("generated" in c.value for c in at.sidebar.caption)

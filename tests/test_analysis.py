@@ -1,0 +1,58 @@
+"""sat_core.analysis: evaluation records summarised per word kind and per slice."""
+
+from __future__ import annotations
+
+import pytest
+
+from sat_core.analysis import slice_metrics, word_type_correctness
+from sat_core.config import DecodeConfig
+from tests.explorer.conftest import explorer_env  # noqa: F401  (a fixture)
+
+
+def test_word_type_rows_summarise_records_by_kind():
+    def word(kind, share, baseline):
+        return {"kind": kind, "share": share, "baseline": baseline}
+
+    records = [{"words": [word("shape", 0.6, 0.1), word("count", 0.2, 0.1), word("colour", 0.5, 0.2)]},
+               {"words": [word("shape", 0.2, 0.3)]}, {"words": []}]
+    rows = {r["kind"]: r for r in word_type_correctness(records)}
+    assert list(rows) == ["shape", "colour", "count"]  # evaluate.WORD_KINDS order
+    assert rows["shape"]["words"] == 2 and rows["shape"]["attention_on_object"] == pytest.approx(0.4)
+    assert rows["shape"]["uniform_baseline"] == pytest.approx(0.2)
+    assert rows["count"]["words"] == 1 and rows["count"]["attention_on_object"] == pytest.approx(0.2)
+    # "a" and "two" are summarised but do not enter an image's attention correctness
+    assert [r["in_attention_correctness"] for r in rows.values()] == [True, True, False]
+
+
+
+def test_word_type_rows_equal_evaluate_by_kind(explorer_env):
+    from sat_core.data import load_karpathy
+    from sat_core.evaluate import evaluate
+
+    data = load_karpathy(explorer_env.world / "dataset.json", explorer_env.world)
+    result = evaluate(explorer_env.checkpoint("soft"), data, "test", DecodeConfig(beam_size=2, max_len=10),
+                      limit=4, meteor=False)
+    rows = word_type_correctness(result["records"])
+    by_kind = result["attention"]["by_kind"]
+    assert [r["kind"] for r in rows] == list(by_kind)
+    for row in rows:
+        expected = by_kind[row["kind"]]
+        assert row["words"] == expected["n"] and row["attention_on_object"] == expected["correctness"]
+        assert row["uniform_baseline"] == expected["baseline"]
+
+
+
+def test_slice_metrics_group_records():
+    records = [
+        {"scores": {"CIDEr": 1.0, "BLEU-4": 0.5}, "errors": [], "n_objects": 1, "attention_correctness": 0.4},
+        {"scores": {"CIDEr": 0.0, "BLEU-4": 0.1}, "errors": ["wrong_colour"], "n_objects": 2,
+         "attention_correctness": None},
+        {"scores": {"CIDEr": 0.5, "BLEU-4": 0.3}, "errors": ["wrong_colour", "missed_object"], "n_objects": 2,
+         "attention_correctness": 0.2},
+    ]
+    rows = {r["slice"]: r for r in slice_metrics(records)}
+    assert rows["all images"]["images"] == 3 and rows["all images"]["CIDEr"] == pytest.approx(0.5)
+    assert rows["no error"]["images"] == 1
+    assert rows["error: wrong_colour"]["images"] == 2 and rows["error: wrong_colour"]["CIDEr"] == pytest.approx(0.25)
+    assert rows["error: wrong_colour"]["attention_correctness"] == pytest.approx(0.2)  # None is left out
+    assert rows["2 objects"]["images"] == 2 and rows["1 object"]["BLEU-4"] == pytest.approx(0.5)

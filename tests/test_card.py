@@ -1,0 +1,66 @@
+"""sat_core.card: training statistics kept in checkpoints; model cards for any evaluated checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from sat_core.card import RECORDS_FILE, model_card, training_statistics
+from sat_core.checkpoint import CARD_FILE, METRICS_FILE, load_checkpoint
+from sat_core.domain import DomainReference
+from sat_core.evaluate import main, read_records
+from tests.test_evaluate import N_TEST, checkpoint, result, world_data  # noqa: F401  (fixtures)
+
+
+def test_card_prints_counts_as_integers_and_scores_to_three_decimals(result, checkpoint):
+    config = load_checkpoint(checkpoint).config
+    card = model_card("soft", config, json.loads(json.dumps(result)))  # as read back from disk
+    a = result["attention"]
+    assert "| attention regions | 196 |" in card and f"| attention n_words | {a['n_words']} |" in card
+    assert f"| attention n_grounded_words | {a['n_grounded_words']} |" in card
+    assert f"| grounded n | {N_TEST} |" in card
+    assert f"| attention correctness | {a['correctness']:.3f} |" in card
+    assert f"| CIDEr | {result['corpus']['CIDEr']:.3f} |" in card
+    assert f"## Test split ({N_TEST} images, beam {result['beam']}, {result['precision']})" in card
+
+
+def test_evaluate_card_writes_metrics_records_and_card_into_the_checkpoint(checkpoint, world_data, tmp_path, capsys):
+    root, path, _ = world_data
+    folder = tmp_path / "mine"
+    shutil.copytree(checkpoint, folder)
+    assert main(["--checkpoint", str(folder), "--data", str(path), "--images", str(root), "--beam", "1",
+                 "--max-len", "6", "--no-meteor", "--device", "cpu", "--out", str(tmp_path / "m.json"), "--card"]) == 0
+    assert "MODEL_CARD.md" in capsys.readouterr().out
+    loaded = load_checkpoint(folder)
+    written = json.loads((tmp_path / "m.json").read_text())
+    assert loaded.metrics["corpus"] == written["corpus"] and "records" not in loaded.metrics
+    records = read_records(folder / RECORDS_FILE)
+    assert records["records"] == written["records"] and records["split"] == "test"
+    assert read_records(tmp_path / "m.json")["records"] == written["records"]  # --out's format too
+    card = (folder / CARD_FILE).read_text()
+    assert card.startswith("# SAT Explorer — `mine`") and f"| CIDEr | {written['corpus']['CIDEr']:.3f} |" in card
+    assert (folder / METRICS_FILE).is_file()
+
+
+def test_records_files_that_are_not_records_are_refused(tmp_path):
+    from sat_core.errors import DatasetError
+
+    (tmp_path / "a.json").write_text('{"records": [1, 2]}')
+    with pytest.raises(DatasetError, match="holds no evaluation records"):
+        read_records(tmp_path / "a.json")
+    (tmp_path / "b.json").write_text("[")
+    with pytest.raises(DatasetError, match="not a readable records JSON"):
+        read_records(tmp_path / "b.json")
+
+
+def test_training_statistics_describe_the_train_split(world_data):
+    _, _, data = world_data
+    stats = training_statistics(data)
+    reference = DomainReference.from_dict(stats["domain"])
+    assert len(reference.features) == len(data.split("train")) and "train split" in reference.source
+    from PIL import Image
+
+    assert not reference.check(Image.open(data.images[data.split("test")[0]].path)).far
+    assert stats["word_stats"]["counts"]["a"] > 0

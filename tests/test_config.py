@@ -1,0 +1,150 @@
+"""sat_core.config and sat_core.cli: frozen, validated configs; flags and defaults read from them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sat_core import cli
+from sat_core.config import (
+    DataConfig, DecodeConfig, HardAttentionConfig, ModelConfig, OptimConfig, PreprocessConfig, TrainConfig,
+)
+from sat_core.errors import SatError
+
+ROOT = Path(__file__).resolve().parents[1]
+LEGACY = Path(__file__).parent / "data" / "legacy_train_config.json"
+
+
+def test_configs_are_frozen_hashable_and_derived_with_replace():
+    cfg = DecodeConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.beam_size = 5  # type: ignore[misc]
+    assert hash(cfg) == hash(DecodeConfig()) and cfg == DecodeConfig()
+    greedy = dataclasses.replace(cfg, beam_size=1)
+    assert greedy.beam_size == 1 and greedy.max_len == cfg.max_len and cfg.beam_size == 3
+    assert len({cfg, greedy, DecodeConfig(beam_size=1)}) == 2
+    assert isinstance(hash(TrainConfig()), int)
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: DecodeConfig(beam_size=0), "DecodeConfig.beam_size must be at least 1, not 0"),
+    (lambda: DecodeConfig(max_len=0), "DecodeConfig.max_len must be at least 1"),
+    (lambda: DecodeConfig(hard_mode="guess"), "DecodeConfig.hard_mode must be one of expect, sample, not 'guess'"),
+    (lambda: DecodeConfig(beam_size="3"), "DecodeConfig.beam_size must be an integer, not '3'"),
+    (lambda: DecodeConfig(beam_size=True), "must be an integer, not True"),
+    (lambda: ModelConfig(encoder="vgg16"), "ModelConfig.encoder must be one of small, vgg19, resnet101"),
+    (lambda: ModelConfig(dropout=1.0), "dropout must be below 1"),
+    (lambda: ModelConfig(small_channels=()), "small_channels must not be empty"),
+    (lambda: HardAttentionConfig(baseline_decay=1.0), "baseline_decay must be below 1"),
+    (lambda: PreprocessConfig(mean=(0.5, 0.5)), "mean must have 3 values"),
+    (lambda: OptimConfig(epochs=0), "OptimConfig.epochs must be at least 1"),
+    (lambda: DataConfig(batching="random"), "DataConfig.batching must be one of length, image"),
+    (lambda: TrainConfig.from_dict({"optim": {"epochs": "3"}}), "OptimConfig.epochs must be an integer, not '3'"),
+    (lambda: TrainConfig.from_dict({"model": {"hiden_dim": 3}}), r"Unknown ModelConfig field\(s\) \['hiden_dim'\]"),
+])
+def test_bad_values_are_refused_naming_the_field(build, message):
+    with pytest.raises(SatError, match=message):
+        build()
+
+
+def test_json_values_are_coerced_to_the_declared_types():
+    cfg = ModelConfig.from_dict({"small_channels": [8, 16], "dropout": 0, "hard": {"entropy_weight": 1}})
+    assert cfg.small_channels == (8, 16) and isinstance(cfg.dropout, float)
+    assert isinstance(cfg.hard, HardAttentionConfig) and cfg.hard.entropy_weight == 1.0
+    assert PreprocessConfig.from_dict(PreprocessConfig().to_dict()) == PreprocessConfig()
+
+
+def test_flat_train_configs_written_before_sections_still_load():
+    flat = json.loads(LEGACY.read_text())
+    cfg = TrainConfig.from_dict(flat)
+    assert cfg.data.dataset == flat["data"] and cfg.data.val_images == flat["val_images"]
+    assert cfg.model.dropout == flat["dropout"] and cfg.model.hard.baseline_decay == flat["hard"]["baseline_decay"]
+    assert cfg.optim.dsa_lambda == flat["dsa_lambda"] and cfg.optim.max_minutes == flat["max_minutes"]
+    assert cfg.val.beam_size == flat["val_beam"] and cfg.val.max_len == flat["val_max_len"]
+    assert cfg.encoder_weights == flat["encoder_weights"] and cfg.progress is False
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg  # nested round trip
+    with pytest.raises(SatError, match="Unknown TrainConfig field 'learning_rate'"):
+        TrainConfig.from_dict({**flat, "learning_rate": 1})
+
+
+def test_shipped_presets_load():
+    for preset in (ROOT / "sat_core" / "presets").glob("*.json"):
+        cfg = TrainConfig.from_dict(json.loads(preset.read_text()))
+        assert cfg.data.dataset and cfg.out.startswith("runs/")
+
+
+def _help_defaults(text: str) -> dict[str, str]:
+    """{first flag of an option: the default its help text shows}, from argparse's wrapped help output."""
+    body = text.split("\noptions:\n", 1)[1]
+    shown = {}
+    for entry in re.split(r"\n  (?=--)", "\n" + body):
+        found = re.search(r"\[default: ([^\]]*)\]", " ".join(entry.split()))
+        if found and entry.strip():
+            shown[entry.split()[0].rstrip(",")] = found.group(1)
+    return shown
+
+
+def _expected_defaults(config, prefix: str = "") -> dict[str, str]:
+    out = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(_expected_defaults(value, prefix + f.metadata.get("prefix", "")))
+        elif not f.metadata.get("derived"):
+            name = "--" + (prefix + (f.metadata.get("flag") or f.name)).replace("_", "-")
+            out[name] = " ".join(map(str, value)) if isinstance(value, tuple) else str(value)
+    return out
+
+
+def test_train_help_shows_the_dataclass_defaults():
+    text = subprocess.run([sys.executable, "-m", "sat_core.train", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+    shown, expected = _help_defaults(text), _expected_defaults(TrainConfig())
+    assert len(expected) > 40
+    assert {k: shown.get(k) for k in expected} == expected
+    assert expected["--lr"] == "0.001" and expected["--val-beam-size"] == "1" and expected["--hard-entropy-weight"] == "0.01"
+
+
+@pytest.mark.parametrize("module", ["sat_core.evaluate", "sat_core.caption"])
+def test_decoding_clis_show_the_decode_defaults(module):
+    text = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout
+    shown = _help_defaults(text)
+    assert {k: shown.get(k) for k in _expected_defaults(DecodeConfig())} == _expected_defaults(DecodeConfig())
+
+
+def test_explorer_defaults_are_the_decode_defaults():
+    from explorer.state import DECODE_WIDGETS, DEFAULTS
+
+    assert {DECODE_WIDGETS[k]: DEFAULTS[k] for k in DECODE_WIDGETS} == {
+        name: getattr(DecodeConfig(), name) for name in DECODE_WIDGETS.values()}
+
+
+def test_flags_override_a_config_file_by_path(tmp_path):
+    from sat_core.train import parse_config
+
+    config = tmp_path / "c.json"
+    encoder = tmp_path / "encoder.safetensors"  # the trainer checks that the named weights file exists
+    encoder.write_bytes(b"")
+    config.write_text(json.dumps({**json.loads(LEGACY.read_text()), "encoder_weights": str(encoder)}))
+    cfg, resume = parse_config(["--config", str(config), "--lr", "0.01", "--hard-entropy-weight", "0.5",
+                                "--val-beam", "2", "--no-gate", "--small-channels", "8", "16"])
+    assert resume is None and cfg.optim.lr == 0.01 and cfg.model.hard.entropy_weight == 0.5
+    assert cfg.val.beam_size == 2 and cfg.model.gate is False and cfg.model.small_channels == (8, 16)
+    assert cfg.model.dropout == 0.3  # from the file
+    assert cli.decode_config(_namespace({"decode.beam_size": 4})) == DecodeConfig(beam_size=4)
+
+
+def _namespace(values):
+    import argparse
+
+    ns = argparse.Namespace()
+    for k, v in values.items():
+        setattr(ns, k, v)
+    return ns

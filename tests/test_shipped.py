@@ -1,0 +1,55 @@
+"""The shipped checkpoints, saved before later refactors, still load and caption exactly as they did.
+
+``tests/data/golden_captions.json`` was written by the code of the first build (before the config and
+module restructuring): the same scenes, the same settings, the same tokens must come out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from sat_core.checkpoint import load_checkpoint
+from sat_core.config import DecodeConfig
+from sat_core.data import load_karpathy
+from sat_core.decoding import DecodeSession, beam_search, score_caption
+from sat_core.images import preprocess
+from sat_core.world import generate
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = json.loads((Path(__file__).parent / "data" / "golden_captions.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> dict[str, Image.Image]:
+    from skimage import data as skdata
+
+    folder = tmp_path_factory.mktemp("golden") / "w"
+    generate(folder, 0, 0, 6, seed=123, workers=1)
+    data = load_karpathy(folder / "dataset.json", folder)
+    out = {f"world_seed123_test_{i}": Image.open(r.path).convert("RGB") for i, r in enumerate(data.images)}
+    out["skimage_chelsea"] = Image.fromarray(skdata.chelsea())
+    return out
+
+
+@pytest.mark.parametrize("name", ["soft", "hard"])
+def test_shipped_checkpoint_gives_the_recorded_captions(name, images):
+    loaded = load_checkpoint(ROOT / "checkpoints" / name)
+    golden = GOLDEN[name]
+    assert list(golden["beam1"]) == list(images)
+    tensors = torch.stack([preprocess(im, loaded.preprocess)[0] for im in images.values()])
+    for beam in (1, 3):
+        hyps = beam_search(loaded.model, tensors, loaded.vocab, DecodeConfig(beam_size=beam, max_len=20, precision="fp32"))
+        for key, hyp in zip(images, hyps):
+            want = golden[f"beam{beam}"][key]
+            assert hyp[0].tokens == want["tokens"], (name, beam, key)
+            assert hyp[0].logprob == pytest.approx(want["logprob"], abs=2e-3)
+    session = DecodeSession(loaded.model, loaded.vocab, tensors[0], DecodeConfig(beam_size=1, max_len=20, precision="fp32"))
+    session.run()
+    assert [s.token for s in session.steps] == golden["session_first"]
+    scored = score_caption(loaded.model, loaded.vocab, tensors[0], "a red square", precision="fp32")
+    assert scored.logprobs.tolist() == pytest.approx(golden["score_first"], abs=2e-3)

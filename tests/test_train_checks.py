@@ -1,0 +1,84 @@
+"""The trainer refuses what it cannot do before any image is decoded: one message, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sat_core import train
+from tests.fixtures_world import make_dataset, train_args
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("checks"))
+
+
+@pytest.fixture
+def no_decoding(monkeypatch):
+    """Fail the test if the trainer starts decoding images (the slow part a refusal must precede)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("images were decoded before the refusal")
+
+    monkeypatch.setattr(train, "ImageStore", refuse)
+
+
+def _refused(argv, capsys) -> str:
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("flags, words", [
+    (("--pretrained",), ["--pretrained", "vgg19 and resnet", "--encoder-weights"]),
+    (("--encoder", "vgg19"), ["randomly initialised", "--pretrained", "--allow-random-encoder"]),
+    (("--encoder", "vgg19", "--allow-random-encoder", "--image-size", "8"),
+     ["--image-size 8", "0×0 grid", "at least 32"]),
+    (("--encoder-weights", "/nowhere/encoder.safetensors"), ["--encoder-weights", "no such file"]),
+    (("--optimizer", "sgd"), None),  # argparse names the flag and its choices
+])
+def test_combinations_are_refused_before_decoding(tiny_data, tmp_path, capsys, no_decoding, flags, words):
+    data, images = tiny_data
+    if words is None:
+        assert train.main(train_args(data, images, tmp_path / "run", *flags)) == 2
+        err = capsys.readouterr().err
+        assert "--optimizer" in err and "'sgd'" in err and "Traceback" not in err
+        return
+    err = _refused(train_args(data, images, tmp_path / "run", *flags), capsys)
+    for word in words:
+        assert word in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_config_value_of_the_wrong_type_is_refused_naming_the_field(tiny_data, tmp_path, capsys, no_decoding):
+    data, images = tiny_data
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"data": str(data), "images": str(images), "epochs": "3"}))  # flat, as older files
+    err = _refused(["--config", str(config)], capsys)
+    assert "OptimConfig.epochs must be an integer, not '3'" in err
+
+
+def test_resume_refuses_architecture_changes_naming_the_fields(tiny_data, tmp_path, capsys):
+    data, images = tiny_data
+    run = tmp_path / "run"
+    assert train.main(train_args(data, images, run, "--epochs", "1", "--no-progress")) == 0
+    capsys.readouterr()
+    err = _refused(["--resume", str(run), "--hidden-dim", "128", "--attention", "hard"], capsys)
+    assert "--hidden-dim 32 -> 128" in err and "--attention 'soft' -> 'hard'" in err and "--out NEW_DIR" in err
+    assert train.main(["--resume", str(run), "--epochs", "2", "--lr", "1e-3"]) == 0  # the schedule may change
+
+
+def test_the_console_tells_sizes_loss_terms_samples_and_why_it_stopped(tiny_data, tmp_path, capsys):
+    data, images = tiny_data
+    code = train.main(train_args(data, images, tmp_path / "run", "--epochs", "5", "--lr", "0", "--patience", "1",
+                                 "--select-metric", "cider", "--no-progress"))
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "data: dataset.json: train 4 images (4 captions), val 4, test 0; vocabulary" in out
+    assert "nll " in out and "dsa " in out and "reinforce " in out and "best CIDEr" in out
+    assert out.count("  sample: ") == 2 * 2  # two epochs, two samples each
+    assert "early stop after epoch 2: no better validation CIDEr for 1 epochs" in out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert "best_cider" in result and result["epochs"] == 2
