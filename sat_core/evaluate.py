@@ -4,11 +4,11 @@
         --images data/world --split test --beam 3 --out metrics.json [--records records.json]
 
 Captions come from free-running decoding (``decoding.beam_search``, batched), metrics from
-``metrics.caption_metrics``. On datasets whose images carry scene objects (the synthetic world) it
+``metrics.caption_metrics``. On datasets whose images carry scene objects (the embedded worlds) it
 also reports grounded accuracy (``grounding.ground``/``aggregate``), attention correctness — for
-every generated shape, colour or size word matched to exactly one object, the share of the α of the
-step that produced it inside that object's mask, next to the uniform baseline — and per-image
-records for error analysis. α entropy per word is reported for every dataset, β per word kind for
+every generated shape, category, colour or size word matched to exactly one object, the share of
+the α of the step that produced it inside that object's mask, next to the uniform baseline — and
+per-image records for error analysis. α entropy per word is reported for every dataset, β per word kind for
 gated (soft) models. This module is the one place evaluation records are computed.
 """
 

@@ -28,8 +28,8 @@ def check_config(cfg: TrainConfig) -> None:
     """Combinations the dataclasses cannot check field by field."""
     m = cfg.model
     if m.pretrained and m.encoder == "small":
-        raise SatError("--pretrained loads ImageNet weights, which exist for the vgg19, resnet and efficientnet_lite0 "
-                       "encoders only. The small encoder is pretrained with `python -m sat_core.pretrain` and given "
+        raise SatError("--pretrained loads ImageNet weights, which exist for the vgg19 and resnet encoders (torch "
+                       "cache) and efficientnet_lite0 (pip) only. The small encoder is pretrained with `python -m sat_core.pretrain` and given "
                        "with --encoder-weights FILE; or drop --pretrained to train it from scratch.")
     # efficientnet_lite0 always gets its ImageNet weights (a pip dependency; train.model_config)
     random_frozen = (m.encoder not in ("small", "efficientnet_lite0") and not m.pretrained
