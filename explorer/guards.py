@@ -59,4 +59,6 @@ def object_masks(image: PreparedImage) -> list[np.ndarray]:
 
 
 def object_label(obj: dict) -> str:
+    if "category" in obj:  # scenes world: colour may be None
+        return f"{obj['id']}: " + " ".join(w for w in (obj.get("colour"), obj["category"]) if w)
     return f"{obj['id']}: {obj['size']} {obj['colour']} {obj['shape']}"

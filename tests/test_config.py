@@ -43,6 +43,8 @@ def test_configs_are_frozen_hashable_and_derived_with_replace():
     (lambda: ModelConfig(small_channels=()), "small_channels must not be empty"),
     (lambda: HardAttentionConfig(baseline_decay=1.0), "baseline_decay must be below 1"),
     (lambda: PreprocessConfig(mean=(0.5, 0.5)), "mean must have 3 values"),
+    (lambda: PreprocessConfig(crop=0), "crop must be above 0 and at most 1"),
+    (lambda: PreprocessConfig(crop=1.2), "crop must be above 0 and at most 1"),
     (lambda: OptimConfig(epochs=0), "OptimConfig.epochs must be at least 1"),
     (lambda: DataConfig(batching="random"), "DataConfig.batching must be one of length, image"),
     (lambda: TrainConfig.from_dict({"optim": {"epochs": "3"}}), "OptimConfig.epochs must be an integer, not '3'"),

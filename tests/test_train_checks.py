@@ -7,6 +7,8 @@ import json
 import pytest
 
 from sat_core import train
+from sat_core.config import TrainConfig
+from sat_core.train_checks import check_config
 from tests.fixtures_world import make_dataset, train_args
 
 
@@ -50,6 +52,14 @@ def test_combinations_are_refused_before_decoding(tiny_data, tmp_path, capsys, n
     for word in words:
         assert word in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_efficientnet_needs_no_pretrained_flag_its_weights_always_come_with_it():
+    cfg = TrainConfig.from_dict({"data": {"dataset": "d.json", "images": "d"}, "model": {"encoder": "efficientnet_lite0"}})
+    check_config(cfg)  # no --pretrained, and still not a frozen random encoder
+    assert train.model_config(cfg, vocab_size=10).pretrained
+    pre = train.preprocess_config(cfg)
+    assert (pre.image_size, pre.mean, pre.std, pre.crop) == (224, (0.5,) * 3, (0.5,) * 3, 1.0)
 
 
 def test_a_config_value_of_the_wrong_type_is_refused_naming_the_field(tiny_data, tmp_path, capsys, no_decoding):

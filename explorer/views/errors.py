@@ -151,10 +151,11 @@ def main() -> None:
         "*hallucinated_word* (a content word no reference uses), *missed_word* (a content word most references "
         "use), *repetition*, *unk*, *truncated* (cut at the length cap), *too_short* / *too_long*; content words "
         "are told from function words by how much likelier they are in an image's other references once one "
-        "has them. On scenes with known objects, grounding the caption adds *wrong_colour*, *wrong_shape*, "
+        "has them. On scenes with known objects, grounding the caption adds *wrong_colour*, *wrong_shape* "
+        "(scenes world: *wrong_category*, *wrong_place*), "
         "*missed_object*, *hallucinated_object* … *Attention correctness* is the share of α, at the step that produced a word, that "
         "falls on the one object the word was matched to; compare it with the uniform baseline, that object's "
-        "share of the image. An image's figure averages its shape, colour and size words (the kinds marked "
+        "share of the image. An image's figure averages its shape, category, colour and size words (the kinds marked "
         "*in_attention_correctness*); words matched to several objects (plurals) are left out. The same "
         "records as `python -m sat_core.evaluate --records`."))
 

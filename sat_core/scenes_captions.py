@@ -1,0 +1,135 @@
+"""Reference captions for the scenes world, in the style of Flickr8k, every content word linked.
+
+"a brown dog sitting next to a red car on the road", "two sheep in front of a house in a field",
+"there is a kite above a person on the beach". A caption names every group of identical objects
+(same category and colour) once, with its count; pairs of groups are joined by a relation when one
+holds clearly (``scenes.relation_holds(strict=True)``); most captions end with the place.
+Each count word, colour and noun is linked to the ids of the objects it names (world.py's ``links``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sat_core.scenes import relation_holds
+from sat_core.scenes_catalog import (
+    ACTIONS, CATEGORIES, CONVERSE, NUMBER_WORDS, PLACES, RELATION_PHRASES, RELATION_WORDS, RELATIONS,
+)
+
+CAPTIONS_PER_IMAGE = 5
+MAX_CAPTION_TOKENS = 22
+RELATION_P = 0.85  # try to join two groups by a relation (when one holds clearly)
+PLACE_P = 0.8  # end the caption with the place
+_OPENERS = ((), ("there", "is"), ("a", "photo", "of"), ("a", "picture", "of"), ("we", "can", "see"))
+_OPENER_P = (0.5, 0.15, 0.12, 0.1, 0.13)
+# Relations other than left/right say more about the scene: prefer them when several hold.
+_RELATION_WEIGHT = {"left_of": 1.0, "right_of": 1.0, "in_front_of": 2.0, "behind": 2.0,
+                    "above": 2.5, "below": 1.5, "next_to": 2.0}
+
+Token = tuple[str, list[int] | None]  # word and the object ids it names
+
+
+def groups(objects: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Objects grouped by (category, colour), in first-appearance order."""
+    out: dict[tuple[str, Any], list[dict[str, Any]]] = {}
+    for o in objects:
+        out.setdefault((o["category"], o["colour"]), []).append(o)
+    return list(out.values())
+
+
+def _mention(group: list[dict[str, Any]], colour: bool, action: bool, rng: np.random.Generator) -> list[Token]:
+    """'a red car' / 'two sheep' (+ 'parked'): count, colour and noun linked to the group's ids."""
+    ids = [o["id"] for o in group]
+    cat = CATEGORIES[group[0]["category"]]
+    words = ([group[0]["colour"]] if colour else []) + [cat.plural if len(group) > 1 else cat.name]
+    count = NUMBER_WORDS[len(group)] if len(group) > 1 else ("an" if words[0][0] in "aeiou" else "a")
+    tokens: list[Token] = [(w, ids) for w in [count, *words]]
+    if action and cat.name in ACTIONS:
+        options = ACTIONS[cat.name]
+        tokens.append((options[int(rng.integers(len(options)))], None))
+    return tokens
+
+
+def _relations(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[str]:
+    """Relations holding strictly between every object of a and every object of b."""
+    return [r for r in RELATIONS if all(relation_holds(r, x, y, strict=True) for x in a for y in b)]
+
+
+def _phrase(relation: str, rng: np.random.Generator) -> list[Token]:
+    options = [p for p, r in RELATION_PHRASES.items() if r == relation]
+    return [(w, None) for w in options[int(rng.integers(len(options)))]]
+
+
+def caption(gs: list[list[dict[str, Any]]], place: str, rng: np.random.Generator) -> list[Token]:
+    """One caption naming every group, with relations where they hold and (usually) the place."""
+    cats = [g[0]["category"] for g in gs]
+    need_colour = [cats.count(c) > 1 for c in cats]  # colour tells same-category groups apart
+
+    def mention(i: int, action: bool) -> list[Token]:
+        say = gs[i][0]["colour"] is not None and (
+            need_colour[i] or rng.random() < CATEGORIES[cats[i]].say_colour)
+        return _mention(gs[i], say, action, rng)
+
+    order = [int(i) for i in rng.permutation(len(gs))]
+    clauses: list[list[Token]] = []
+    k = 0
+    while k < len(order):
+        i = order[k]
+        if k + 1 < len(order) and rng.random() < RELATION_P:
+            # the first later group that stands in a clear relation to this one becomes its partner
+            partner = next((m for m in range(k + 1, len(order)) if _relations(gs[i], gs[order[m]])), None)
+            if partner is not None:
+                order.insert(k + 1, order.pop(partner))
+            j = order[k + 1]
+            rels = _relations(gs[i], gs[j])
+            if rels:
+                w = np.array([_RELATION_WEIGHT[r] for r in rels])
+                rel = rels[int(rng.choice(len(rels), p=w / w.sum()))]
+                if rng.random() < 0.3:  # the same fact with the mentions swapped
+                    i, j, rel = j, i, CONVERSE[rel]
+                clauses.append(mention(i, rng.random() < 0.25) + _phrase(rel, rng) + mention(j, False))
+                k += 2
+                continue
+        clauses.append(mention(i, len(order) == 1 and rng.random() < 0.5))
+        k += 1
+    tokens: list[Token] = []
+    opener = list(_OPENERS[int(rng.choice(len(_OPENERS), p=_OPENER_P))])
+    if opener == ["there", "is"] and clauses[0][0][0] in NUMBER_WORDS.values():
+        opener = ["there", "are"]
+    tokens += [(w, None) for w in opener]
+    for c, clause in enumerate(clauses):
+        tokens += ([("and", None)] if c else []) + clause
+    if rng.random() < PLACE_P:
+        options = PLACES[place]
+        tokens += [(w, None) for w in options[int(rng.integers(len(options)))].split()]
+    return tokens
+
+
+def describe(objects: list[dict[str, Any]], place: str, rng: np.random.Generator,
+             n: int = CAPTIONS_PER_IMAGE) -> list[dict[str, Any]]:
+    """n reference captions (distinct where the grammar allows): {"tokens", "raw", "links"}."""
+    gs = groups(objects)
+    found: dict[tuple[str, ...], list[Token]] = {}
+    for _ in range(10 * n):
+        cap = caption(gs, place, rng)
+        if len(cap) <= MAX_CAPTION_TOKENS:
+            found.setdefault(tuple(w for w, _ in cap), cap)
+        if len(found) == 2 * n:
+            break
+    # Captions that state a relation first: beam search imitates the most common pattern, and bare
+    # enumerations would win over relations if they were as common (the shapes models never state one).
+    caps = sorted(found.values(), key=lambda cap: not any(w in RELATION_WORDS for w, _ in cap))[:n]
+    if not caps:  # four groups with long phrases: name them plainly
+        plain: list[Token] = []
+        for c, g in enumerate(gs):
+            plain += ([("and", None)] if c else []) + _mention(g, False, False, rng)
+        caps = [plain]
+    caps = [caps[k % len(caps)] for k in range(n)]
+    out = []
+    for cap in caps:
+        tokens = [w for w, _ in cap]
+        links = [[t, sorted(ids)] for t, (_, ids) in enumerate(cap) if ids is not None]
+        out.append({"tokens": tokens, "raw": " ".join(tokens), "links": links})
+    return out

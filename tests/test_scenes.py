@@ -1,0 +1,148 @@
+"""The scenes world: deterministic files, masks from the sprites' alpha, links that name their objects."""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from sat_core import scenes, world
+from sat_core.scenes_assets import ASSET_DIR, sprite
+from sat_core.scenes_catalog import (
+    CATEGORIES, COLOURS, COUNT_WORDS, NOUNS, PLACES, RELATION_WORDS, all_codes,
+)
+
+SIZES = (24, 6, 6)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Seed 5 written with 2 workers and with 1, and seed 6."""
+    out = {}
+    for name, seed, workers in [("a", 5, 2), ("b", 5, 1), ("c", 6, 2)]:
+        root = tmp_path_factory.mktemp(name)
+        out[name] = (root, world.generate(root, *SIZES, seed=seed, workers=workers, kind="scenes"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def data(runs):
+    return json.loads(runs["a"][1].read_text())
+
+
+def _files(root):
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_same_seed_gives_identical_files_and_another_seed_differs(runs):
+    a, b, c = (_files(runs[k][0]) for k in "abc")
+    assert len(a) == sum(SIZES) + 1
+    assert a.keys() == b.keys() and all(a[k] == b[k] for k in a)
+    differing = [k for k in a if k.suffix == ".png" and a[k] != c.get(k)]
+    assert len(differing) == sum(SIZES)
+
+
+def test_dataset_header_and_images(data, runs):
+    assert data["dataset"] == "sat_scenes" and data["kind"] == "scenes" and data["image_size"] == 224
+    root = runs["a"][0]
+    for im in data["images"]:
+        assert im["place"] in PLACES
+        assert 1 <= len(im["objects"]) <= 4
+        with Image.open(root / im["filepath"] / im["filename"]) as img:
+            assert img.size == (224, 224) and img.mode == "RGB"
+
+
+def test_masks_are_the_sprites_alpha_minus_what_covers_them():
+    for seed in range(12):
+        layout = scenes.generate_layout(np.random.default_rng(seed))
+        records = scenes.layout_objects(layout)
+        covered = np.zeros((224, 224), bool)
+        for thing, record in zip(reversed(layout.things), reversed(records)):
+            x0, y0, x1, y1 = thing.box
+            placed = np.zeros((224, 224), bool)
+            placed[y0:y1, x0:x1] = thing.alpha >= 0.5
+            expected = placed & ~covered
+            assert np.array_equal(world.rle_decode(record["mask"]), expected)
+            assert record["area"] == int(expected.sum()) >= scenes.MIN_VISIBLE * placed.sum()
+            covered |= placed
+        # the resized alpha comes from the vendored sprite (same share of opaque pixels, ±5 %)
+        for thing in layout.things:
+            src = sprite(thing.variant, thing.recolour)[..., 3] >= 128
+            assert abs((thing.alpha >= 0.5).mean() - src.mean()) < 0.05
+
+
+def test_object_pixels_show_the_sprite():
+    """Where an object is visible and opaque, the image has the sprite's colours (lighting aside)."""
+    layout = scenes.generate_layout(np.random.default_rng(3))
+    image = scenes.render_layout(layout).astype(float)
+    for thing in layout.things:
+        x0, y0, x1, y1 = thing.box
+        opaque = (thing.alpha > 0.99) & thing.mask[y0:y1, x0:x1]
+        drawn = image[y0:y1, x0:x1][opaque]
+        corr = np.corrcoef(drawn.mean(axis=1), thing.rgb[opaque].mean(axis=1))[0, 1]
+        assert corr > 0.8
+
+
+def test_every_linked_word_names_its_objects(data):
+    for im in data["images"]:
+        objects = {o["id"]: o for o in im["objects"]}
+        for sent in im["sentences"]:
+            named = set()
+            for t, ids in sent["links"]:
+                word = sent["tokens"][t]
+                group = [objects[i] for i in ids]
+                named |= set(ids)
+                assert len({(o["category"], o["colour"]) for o in group}) == 1
+                if word in COUNT_WORDS:
+                    assert COUNT_WORDS[word] == len(ids)
+                elif word in NOUNS:
+                    category, plural = NOUNS[word]
+                    assert category == group[0]["category"]
+                    assert plural == (len(ids) > 1) or CATEGORIES[category].plural == category
+                else:
+                    assert word in COLOURS and word == group[0]["colour"], (word, sent["raw"])
+            assert named == set(objects), sent["raw"]  # every object is named
+
+
+def test_captions_state_relations_places_and_colours(data):
+    sents = [s for im in data["images"] for s in im["sentences"]]
+    assert len(sents) == 5 * sum(SIZES)
+    with_relation = np.mean([any(w in RELATION_WORDS for w in s["tokens"]) for s in sents])
+    assert with_relation >= 0.3
+    place_words = {w for phrases in PLACES.values() for p in phrases for w in p.split()[-1:]}
+    assert np.mean([s["tokens"][-1] in place_words for s in sents]) > 0.6
+    assert any(w in COLOURS for s in sents for w in s["tokens"])
+    assert max(len(s["tokens"]) for s in sents) <= 22
+
+
+def test_strict_relations_in_references_hold_between_their_objects():
+    a = {"full_bbox": [10, 100, 40, 40], "foot": 140, "layer": "ground"}
+    b = {"full_bbox": [120, 100, 40, 40], "foot": 140, "layer": "ground"}
+    kite = {"full_bbox": [20, 10, 30, 30], "foot": 40, "layer": "air"}
+    near = {"full_bbox": [20, 150, 60, 60], "foot": 210, "layer": "ground"}
+    assert scenes.relation_holds("left_of", a, b, strict=True)
+    assert scenes.relation_holds("right_of", b, a, strict=True)
+    assert not scenes.relation_holds("left_of", b, a)
+    assert scenes.relation_holds("above", kite, a, strict=True)
+    assert not scenes.relation_holds("above", a, b, strict=True)  # two things on the ground
+    assert scenes.relation_holds("in_front_of", near, a, strict=True)
+    assert scenes.relation_holds("behind", a, near, strict=True)
+    assert not scenes.relation_holds("in_front_of", near, b, strict=True)  # no overlap across
+    assert scenes.relation_holds("next_to", a, {**b, "full_bbox": [60, 100, 40, 40]}, strict=True)
+    assert not scenes.relation_holds("next_to", a, b, strict=True)
+
+
+def test_vendored_sprites_cover_the_catalogue_with_licence():
+    assert {p.stem for p in ASSET_DIR.glob("*.webp")} == set(all_codes())
+    assert "Microsoft" in (ASSET_DIR / "LICENSE").read_text()
+    assert "@lobehub/fluent-emoji-3d" in (ASSET_DIR / "README.md").read_text()
+    assert sum(p.stat().st_size for p in ASSET_DIR.glob("*.webp")) < 4e6
+    assert 20 <= len(CATEGORIES) <= 40
+
+
+def test_cli_writes_a_scenes_world(tmp_path, capsys):
+    world.main(["--kind", "scenes", "--out", str(tmp_path), "--train", "2", "--val", "0",
+                "--test", "1", "--workers", "1"])
+    data = json.loads((tmp_path / "dataset.json").read_text())
+    assert [im["split"] for im in data["images"]] == ["train", "train", "test"]
+    assert "wrote 3 images" in capsys.readouterr().out

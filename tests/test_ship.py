@@ -1,0 +1,34 @@
+"""python -m sat_core.ship: every name has a preset that loads, and its card is the generic one plus its world."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sat_core import ship
+from sat_core.config import TrainConfig
+
+METRICS = {"training": {"epochs": 2, "train_minutes": 1.5, "captions_per_s": 90.0, "best_val_bleu4": 0.4,
+                        "best_epoch": 2},
+           "split": "test", "n_images": 5, "beam": 3, "corpus": {"BLEU-4": 0.4}, "grounded": {"recall": 0.5}}
+
+
+@pytest.mark.parametrize("name, world, encoder", [
+    ("soft", "embedded synthetic world", "small CNN"),
+    ("scenes_hard", "embedded scenes world", "EfficientNet-Lite0"),
+])
+def test_card_says_which_world_and_encoder_then_the_generic_sections(name, world, encoder):
+    cfg = TrainConfig.from_dict(json.loads(ship.preset_path(name).read_text()))
+    text = ship.model_card(name, cfg, {"model": cfg.model.to_dict()}, METRICS)
+    assert world in text and f"- Encoder: {encoder}" in text
+    assert f"preset `sat_core/presets/{ship.preset_path(name).name}`" in text
+    assert "## Model" in text and "| grounded recall | 0.500 |" in text  # from sat_core.card
+
+
+def test_every_name_has_a_preset_of_its_world():
+    for name in ship.NAMES:
+        cfg = TrainConfig.from_dict(json.loads(ship.preset_path(name).read_text()))
+        scenes = name.startswith("scenes_")
+        assert cfg.model.encoder == ("efficientnet_lite0" if scenes else "small")
+        assert cfg.data.dataset.startswith("data/scenes/" if scenes else "data/world/")
