@@ -433,8 +433,9 @@ def report(many: dict[str, Any], single: dict[str, Any] | None) -> dict[str, Any
     print(f"step time p50 / p95           {_s(load['step_p50_s'])} / {_s(load['step_p95_s'])}"
           f"  ({load['steps_measured']} clicks)")
     print(f"server time to caption        {_s(load['server_caption_p50_s'])} / {_s(load['server_caption_p95_s'])}"
-          f"  (p50 / p95 of the Caption runs that decoded an upload, timed in the app)")
-    print(f"server script runs            {load['server_runs']}, p95 {_s(load['server_run_p95_s'])}")
+          f"  (p50 / p95 of the Caption page's runs on an upload, timed in the app)")
+    print(f"server page runs              {load['server_runs']}, p95 {_s(load['server_run_p95_s'])}"
+          "  (runs that reached a page; the step buttons' fragment reruns are not timed)")
     print(f"server peak memory            {load['peak_mb']:.0f} MB  (at start {load['rss_at_start_mb']:.0f} MB)")
     per_session = load["server_cpu_s"] / max(1, load["sessions"])
     figures["server_cpu_per_session_s"] = per_session
