@@ -92,16 +92,17 @@ class Gallery:
         return self.by_id[image_id].path.name
 
 
-def _generated_world() -> Path:
-    """A small test gallery made once per machine (in a temp dir when the cache is not writable)."""
+def _generated_world(kind: str) -> Path:
+    """A small gallery of the embedded world ``kind`` made once per machine (in a temp dir when the
+    cache is not writable)."""
     from sat_core.world import generate
 
     for base in (Path.home() / ".cache" / "sat-explorer", Path(tempfile.gettempdir()) / "sat-explorer"):
-        folder = base / "world"
+        folder = base / ("world" if kind == "shapes" else kind)
         if (folder / "dataset.json").is_file():
             return folder
         try:
-            generate(folder, 40, 0, GALLERY_SIZE, seed=0, workers=1)
+            generate(folder, 40, 0, GALLERY_SIZE, seed=0, workers=1, kind=kind)
             return folder
         except (OSError, DatasetError):
             continue
@@ -113,12 +114,15 @@ def _generated_world() -> Path:
 def load_gallery(source: DataSource) -> Gallery:
     """The source's split; DatasetError (not cached) with what to fix when it cannot be read.
 
-    Only when no dataset was named and the repo has no ``data/world`` is a small world generated."""
+    Only when no dataset was named and the repo has no folder of the source's world (``data/scenes``,
+    ``data/world``) is a small gallery of that world generated."""
     note = source.label
     if not source.given and not source.data.is_file():
-        folder = _generated_world()
-        source = DataSource(folder / "dataset.json", folder, "test")
-        note = f"{GALLERY_SIZE} generated test scenes (no dataset given, and no {source.data.parent.name} folder)"
+        missing = source.data.parent
+        folder = _generated_world(source.kind)
+        source = DataSource(folder / "dataset.json", folder, "test", False, source.kind)
+        note = (f"{GALLERY_SIZE} generated test scenes of the {source.kind} world (no dataset given, and no "
+                f"{missing.parent.name}/{missing.name} folder)")
     data = load_karpathy(source.data, source.images)
     records = [data.images[i] for i in data.split(source.split)]
     first = records[0].path

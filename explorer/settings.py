@@ -7,8 +7,9 @@
 ``--data`` takes any Karpathy-format split file (dataset_flickr8k.json, dataset_coco.json, the worlds'
 dataset.json); ``--images`` is the folder its ``filepath``/``filename`` entries are relative to (the
 JSON's folder when left out). With no dataset named, the app uses the repo's ``data/world`` when it
-exists and otherwise generates a small gallery; a dataset that was named but cannot be read is
-reported, never replaced by another.
+world of the selected checkpoint (``data/scenes`` for scenes models and any ImageNet encoder,
+``data/world`` for the shapes models) when it exists and otherwise generates a small gallery of that
+world; a dataset that was named but cannot be read is reported, never replaced by another.
 
 Only folders named here (and the repo's ``checkpoints/``) may be loaded from; a path typed into
 the app outside them is refused (sat_core.paths.resolve_checkpoint_path).
@@ -25,7 +26,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINTS = REPO_ROOT / "checkpoints"
-DEFAULT_WORLD = REPO_ROOT / "data" / "world"
+DEFAULT_WORLDS = {"scenes": REPO_ROOT / "data" / "scenes", "shapes": REPO_ROOT / "data" / "world"}
+DEFAULT_KIND = "scenes"  # the explorer opens on the scenes world
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class DataSource:
     images: Path  # folder the entries' filepath/filename are relative to
     split: str = "test"
     given: bool = False  # named by the user: problems are reported, never replaced by generated scenes
+    kind: str = DEFAULT_KIND  # the embedded world of a default source ("scenes" or "shapes")
 
     @property
     def label(self) -> str:
@@ -67,7 +70,27 @@ def data_source(args: argparse.Namespace, environ: Mapping[str, str]) -> DataSou
         if folder.suffix == ".json":  # --world pointed at the JSON itself
             return DataSource(folder, folder.parent, split, True)
         return DataSource(folder / "dataset.json", folder, split, True)
-    return DataSource(DEFAULT_WORLD / "dataset.json", DEFAULT_WORLD, split, False)
+    return default_source(DEFAULT_KIND, split)
+
+
+def default_source(kind: str, split: str = "test") -> DataSource:
+    folder = DEFAULT_WORLDS[kind]
+    return DataSource(folder / "dataset.json", folder, split, False, kind)
+
+
+def world_of(encoder: str) -> str:
+    """The embedded world a checkpoint belongs to: the small CNN is the shapes world's; a real ImageNet
+    encoder (EfficientNet-Lite0, ResNet, VGG) sees the scenes world, the one that looks like photos."""
+    return "shapes" if encoder == "small" else "scenes"
+
+
+def source_for(source: DataSource, encoder: str | None) -> DataSource:
+    """The dataset the pages read for a checkpoint: the user's when one was named, else the
+    checkpoint's own embedded world (no checkpoint loaded: the default world)."""
+    if source.given:
+        return source
+    kind = world_of(encoder) if encoder else DEFAULT_KIND
+    return source if kind == source.kind else default_source(kind, source.split)
 
 
 def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ServerSettings:

@@ -13,7 +13,7 @@ from sat_core.errors import SatError
 from explorer import resources as res
 from explorer import state
 from explorer.maps import METHODS, NORMS, MapSettings
-from explorer.settings import ServerSettings
+from explorer.settings import DataSource, ServerSettings, source_for
 
 UPLOAD_TYPES = ["png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff"]
 
@@ -72,12 +72,12 @@ def _decoding_ui() -> DecodeConfig:
     return DecodeConfig(beam_size=beam, max_len=max_len, hard_mode=hard_mode, seed=seed)
 
 
-def _image_ui(settings: ServerSettings, loaded) -> tuple:
+def _image_ui(data: DataSource, loaded) -> tuple:
     """(gallery, gallery error, prepared image, image error, source for res.prepare_image)."""
     st.sidebar.subheader("Image")
     gallery, gallery_error = None, None
     try:
-        gallery = res.load_gallery(settings.source)
+        gallery = res.load_gallery(data)
     except SatError as err:
         gallery_error = str(err)
     state.keep_choice("source", ["Gallery scene", "Upload"])
@@ -141,10 +141,11 @@ def draw_sidebar(settings: ServerSettings) -> state.Context:
     state.apply_pending()
     names, name, loaded, ckpt_error = _checkpoint_ui(settings)
     decode = _decoding_ui()
-    gallery, gallery_error, image, image_error, source = _image_ui(settings, loaded)
+    data = source_for(settings.source, loaded.model_config.encoder if loaded is not None else None)
+    gallery, gallery_error, image, image_error, source = _image_ui(data, loaded)
     maps = _maps_ui()
     ctx = state.Context(settings, names, name, loaded, ckpt_error, gallery, gallery_error, image, image_error,
-                        source, decode, maps)
+                        source, decode, maps, data=data)
     ctx.query = state.write_url()
     _share_ui(ctx.query)
     return ctx

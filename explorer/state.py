@@ -157,6 +157,7 @@ class Context:
     decode: DecodeConfig
     maps: MapSettings
     query: str = ""
+    data: Any = None  # the DataSource the gallery came from (the checkpoint's world unless one was named)
 
     @property
     def ckpt_key(self) -> str:
@@ -167,7 +168,7 @@ class Context:
     @property
     def source(self):
         """The dataset every page reads (explorer.settings.DataSource)."""
-        return self.settings.source
+        return self.data if self.data is not None else self.settings.source
 
 
 def set_context(ctx: Context) -> None:

@@ -2,7 +2,7 @@
 
     python -m sat_core.bench train  [--device auto|cpu|cuda] [--precision all|auto|fp32|bf16] [--quick] [--json OUT]
     python -m sat_core.bench decode [--device …] [--precision …] [--model all|coco|shipped] [--quick] [--json OUT]
-    python -m sat_core.bench agreement --checkpoint checkpoints/soft --data data/world/dataset.json --images data/world
+    python -m sat_core.bench agreement --checkpoint checkpoints/shapes_soft --data data/world/dataset.json --images data/world
 
 Every table says which precision ran (``sat_core.precision``); ``--precision all`` (the default) runs
 fp32 and, where the hardware has native bf16, bf16: one table per precision.
@@ -16,7 +16,7 @@ attention, at COCO dimensions (L = 196 = 14×14, D = 2048, LSTM 512, embedding 5
 vocabulary 10,000) and at the paper's (D = 512, LSTM 1024).
 
 ``decode``: ``beam_search`` images/s for greedy and beam 3 and 5 at batch sizes 1, 16 and 64, 20
-steps, at the shipped model's size (checkpoints/soft when present, decoding annotations of generated
+steps, at the shipped model's size (checkpoints/shapes_soft when present, decoding annotations of generated
 world scenes) and at COCO size (<end> made unreachable so every decode runs all 20 steps), and the
 batch-64 images decoded one at a time (the speed-up of batching).
 
@@ -56,7 +56,7 @@ from sat_core.models.captioner import Captioner
 from sat_core.precision import PRECISIONS, autocast, cpu_flags, cpu_has_bf16, resolve
 from sat_core.vocab import SPECIALS, Vocab
 
-SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "soft"
+SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "shapes_soft"
 
 
 @dataclass(frozen=True)
@@ -328,7 +328,7 @@ def random_model(dims: Dims, images: int, *, name: str | None = None) -> DecodeM
 
 
 def shipped_model(images: int) -> DecodeModel:
-    """checkpoints/soft on the annotations of generated world scenes, else a default-sized random model."""
+    """checkpoints/shapes_soft on the annotations of generated world scenes, else a default-sized random model."""
     if not (SHIPPED / "config.json").is_file():
         config = ModelConfig(vocab_size=64)
         dims = dims_of(config, 196, "default ModelConfig V64")
@@ -346,7 +346,7 @@ def shipped_model(images: int) -> DecodeModel:
     batch = torch.stack([preprocess(img, loaded.preprocess)[0] for img in scenes])  # (B, 3, S, S)
     with torch.no_grad():
         feats = loaded.model.encode(batch).feats  # (B, L, D)
-    dims = dims_of(loaded.model_config, feats.shape[1], "shipped checkpoints/soft")
+    dims = dims_of(loaded.model_config, feats.shape[1], "shipped checkpoints/shapes_soft")
     return DecodeModel(dims.name, loaded.model, loaded.vocab, feats, dims)
 
 
@@ -509,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a benchmark")
     p.add_argument("--json", dest="json_out", help="also write the figures to this JSON file")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
-    p.add_argument("--checkpoint", default="checkpoints/soft", help="agreement: the checkpoint")
+    p.add_argument("--checkpoint", default="checkpoints/shapes_soft", help="agreement: the checkpoint")
     p.add_argument("--data", default="data/world/dataset.json", help="agreement: Karpathy-format dataset JSON")
     p.add_argument("--images", default="data/world", help="agreement: the dataset's image folder")
     p.add_argument("--split", default="test", help="agreement: the split to decode")

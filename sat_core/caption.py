@@ -1,6 +1,6 @@
 """Caption image files and folders from the command line.
 
-    python -m sat_core.caption --checkpoint checkpoints/soft photo.jpg scene.png [--beam 3] [--json]
+    python -m sat_core.caption --checkpoint checkpoints/shapes_soft photo.jpg scene.png [--beam 3] [--json]
     python -m sat_core.caption --checkpoint CKPT photos/ --jsonl captions.jsonl --save-attention strips/
 
 A folder stands for its image files (PNG, JPEG, WebP, BMP, GIF, TIFF; sorted by name, not recursive).

@@ -1,6 +1,6 @@
 """Evaluate a checkpoint on a dataset split: caption metrics, grounded accuracy, attention statistics.
 
-    python -m sat_core.evaluate --checkpoint checkpoints/soft --data data/world/dataset.json \
+    python -m sat_core.evaluate --checkpoint checkpoints/shapes_soft --data data/world/dataset.json \
         --images data/world --split test --beam 3 --out metrics.json [--records records.json]
 
 Captions come from free-running decoding (``decoding.beam_search``, batched), metrics from

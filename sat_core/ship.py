@@ -1,11 +1,10 @@
 """Build a shipped checkpoint in one command: world -> training -> test evaluation -> model card.
 
-    python -m sat_core.ship soft        # or: hard (shapes world); scenes_soft | scenes_hard (scenes world)
+    python -m sat_core.ship scenes_soft     # or: scenes_hard (scenes world); shapes_soft | shapes_hard (shapes world)
 
 Generates the embedded world into ``data/world`` (scenes: ``data/scenes``) if it is missing, pretrains
 the small encoder on it (``sat_core.pretrain``, shared by both shapes presets) if missing, trains with
-the preset ``sat_core/presets/world_<name>.json`` (scenes: ``sat_core/presets/<name>.json``; or
-``--skip-train`` to reuse its run directory), evaluates the best validation checkpoint on the test
+the preset ``sat_core/presets/<name>.json`` (or ``--skip-train`` to reuse its run directory), evaluates the best validation checkpoint on the test
 split, and writes ``checkpoints/<name>/`` with fp16 weights, ``config.json``, ``metrics.json``,
 ``eval_records.json``, ``MODEL_CARD.md`` and ``example.png`` (the first test image with its caption
 and an α map per word).
@@ -31,12 +30,11 @@ from sat_core.errors import SatError
 
 PRESETS = Path(__file__).parent / "presets"
 WORLD = {"train": 8000, "val": 400, "test": 500, "seed": 0}
-NAMES = ("soft", "hard", "scenes_soft", "scenes_hard")
+NAMES = ("scenes_soft", "scenes_hard", "shapes_soft", "shapes_hard")
 
 
 def preset_path(name: str) -> Path:
-    """scenes_* presets are named as they are; the shapes world's are world_<name>.json."""
-    return PRESETS / (f"{name}.json" if name.startswith("scenes_") else f"world_{name}.json")
+    return PRESETS / f"{name}.json"
 
 
 def ensure_world(cfg: TrainConfig, kind: str = "shapes") -> None:

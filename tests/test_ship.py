@@ -15,7 +15,7 @@ METRICS = {"training": {"epochs": 2, "train_minutes": 1.5, "captions_per_s": 90.
 
 
 @pytest.mark.parametrize("name, world, encoder", [
-    ("soft", "embedded synthetic world", "small CNN"),
+    ("shapes_soft", "embedded synthetic world", "small CNN"),
     ("scenes_hard", "embedded scenes world", "EfficientNet-Lite0"),
 ])
 def test_card_says_which_world_and_encoder_then_the_generic_sections(name, world, encoder):

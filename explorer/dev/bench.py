@@ -1,6 +1,6 @@
 """How responsive the explorer is with a checkpoint, measured on this machine's CPU.
 
-    python -m explorer.dev.bench --checkpoint checkpoints/soft [--runs 20] [--image FILE …]
+    python -m explorer.dev.bench --checkpoint checkpoints/shapes_soft [--runs 20] [--image FILE …]
 
 Times what a user waits for, with the same functions the app calls:
   caption: uploaded bytes -> load_image -> preprocess -> beam_search -> word_strip -> PNG
@@ -139,7 +139,7 @@ def print_report(report: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m explorer.dev.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints" / "soft")
+    parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints" / "shapes_soft")
     parser.add_argument("--image", type=Path, action="append", help="image file(s); default: a scene and a photo")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--beam", type=int, default=3)

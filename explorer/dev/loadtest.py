@@ -465,8 +465,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m explorer.dev.loadtest", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=30, help="concurrent browser sessions (default 30)")
     parser.add_argument("--steps", type=int, default=5, help="steps each session goes through (default 5)")
-    parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINTS / "soft",
-                        help="checkpoint folder the sessions use (default checkpoints/soft)")
+    parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINTS / "shapes_soft",
+                        help="checkpoint folder the sessions use (default checkpoints/shapes_soft)")
     parser.add_argument("--world", default=None, help="dataset folder of the app's gallery (as `-- --world`)")
     parser.add_argument("--no-single", action="store_true", help="skip the single-session reference run")
     parser.add_argument("--ramp", type=float, default=0.0, help="spread the session starts over this many seconds")

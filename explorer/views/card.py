@@ -23,7 +23,7 @@ def open_by_path(ctx: Context) -> None:
     roots = ctx.settings.checkpoint_roots
     st.caption("Allowed folders: " + ", ".join(f"`{r}`" for r in roots))
     c1, c2 = st.columns([4, 1])
-    typed = c1.text_input("Checkpoint path", key="card_path", placeholder="checkpoints/soft")
+    typed = c1.text_input("Checkpoint path", key="card_path", placeholder="checkpoints/shapes_soft")
     if c2.button("Open", key="card_open") and typed.strip():
         try:
             path = resolve_checkpoint_path(typed, roots)

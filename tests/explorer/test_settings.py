@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from explorer.settings import DEFAULT_CHECKPOINTS, DEFAULT_WORLD, DataSource, parse_settings
+from explorer.settings import DEFAULT_CHECKPOINTS, DEFAULT_WORLDS, DataSource, parse_settings, source_for
 from explorer.sidebar import checkpoint_names
 
 
@@ -13,13 +13,25 @@ def test_defaults_then_environment_then_command_line(tmp_path):
     a, b, c = (tmp_path / n for n in "abc")
     settings = parse_settings([], {})
     assert settings.checkpoint_roots == (DEFAULT_CHECKPOINTS.resolve(),)
-    assert settings.source == DataSource(DEFAULT_WORLD / "dataset.json", DEFAULT_WORLD, "test", given=False)
+    scenes = DEFAULT_WORLDS["scenes"]  # the explorer opens on the scenes world
+    assert settings.source == DataSource(scenes / "dataset.json", scenes, "test", given=False, kind="scenes")
     assert settings.device == "cpu"
     env = {"SAT_CHECKPOINT_DIRS": f"{a}{os.pathsep}{b}", "SAT_WORLD_DIR": str(c)}
     settings = parse_settings(["--checkpoints", str(c), str(a), "--world", str(b)], env)
     assert settings.checkpoint_roots == (DEFAULT_CHECKPOINTS.resolve(), a, b, c)  # no duplicates
     assert settings.source == DataSource(b / "dataset.json", b, "test", given=True)  # the command line wins
     assert parse_settings([], env).source.data == c / "dataset.json"
+
+
+def test_the_default_gallery_follows_the_checkpoints_world_but_a_named_dataset_stays(tmp_path):
+    default = parse_settings(["--split", "val"], {}).source
+    shapes = source_for(default, "small")  # the shapes models' small CNN
+    assert (shapes.kind, shapes.data, shapes.split) == ("shapes", DEFAULT_WORLDS["shapes"] / "dataset.json", "val")
+    for encoder in ("efficientnet_lite0", "resnet101", None):  # ImageNet encoders, or no checkpoint loaded
+        assert source_for(default, encoder) == default
+        assert source_for(shapes, encoder).data == DEFAULT_WORLDS["scenes"] / "dataset.json"
+    named = parse_settings(["--data", str(tmp_path / "d.json")], {}).source
+    assert source_for(named, "small") == named and source_for(named, "efficientnet_lite0") == named
 
 
 def test_any_karpathy_dataset_by_data_images_and_split(tmp_path):
@@ -39,3 +51,19 @@ def test_checkpoint_names_are_short_and_unique(tmp_path):
     assert list(names) == ["soft", "two/soft", "runs/best"]
     assert names["two/soft"] == paths[1]
     assert Path(names["runs/best"]).name == "best"
+
+
+def test_with_no_dataset_the_gallery_is_generated_scenes_of_the_checkpoints_world(tmp_path, monkeypatch):
+    from explorer import resources as res
+    from explorer.settings import default_source
+
+    monkeypatch.setattr(Path, "home", lambda: tmp_path)  # the per-machine cache the gallery is made in
+    missing = DataSource(tmp_path / "nowhere" / "dataset.json", tmp_path / "nowhere", "test", False, "scenes")
+    gallery = res.load_gallery.__wrapped__(missing)
+    assert len(gallery.ids) == res.GALLERY_SIZE and "generated test scenes of the scenes world" in gallery.note
+    first = gallery.by_id[gallery.ids[0]]
+    assert first.path.is_relative_to(tmp_path / ".cache" / "sat-explorer" / "scenes")
+    from PIL import Image
+
+    assert Image.open(first.path).size == (224, 224)  # scenes, not the 112 px shapes
+    assert default_source("shapes").data.parent.name == "world"
