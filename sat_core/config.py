@@ -141,6 +141,8 @@ class HardAttentionConfig(Config):
     entropy_weight: float = option(0.01, "λ_e, entropy bonus on the multinoulli", low=0.0)
     mix_soft_prob: float = option(0.5, "per example: train with the expectation α instead of a sample",
                                   low=0.0)
+    dsa: bool = option(False, "also apply the doubly stochastic penalty (optim.dsa_lambda) to α; not in the "
+                       "paper, it keeps α from collapsing onto one cell when every annotation sees the whole image")
 
     def validate(self) -> None:
         if self.baseline_decay >= 1 or self.mix_soft_prob > 1:

@@ -213,6 +213,11 @@ class Trainer:
             raise SatError(f"{path} does not fit the small encoder {list(self.cfg.model.small_channels)}: "
                            f"{str(exc).splitlines()[0]} Use the --small-channels it was pretrained with.") from None
 
+    def _dsa_lambda(self) -> float:
+        """The paper's penalty is soft attention's; hard models use it only when ``hard.dsa`` asks."""
+        cfg = self.cfg
+        return cfg.optim.dsa_lambda if not self.model.hard or cfg.model.hard.dsa else 0.0
+
     def _feature_cache(self) -> torch.Tensor | None:
         """A frozen encoder gives the same annotations every epoch: compute them once (fp16, CPU)."""
         cfg = self.cfg
@@ -271,7 +276,7 @@ class Trainer:
                 if self.device.type == "cuda" and cfg.channels_last:
                     images = images.contiguous(memory_format=torch.channels_last)
                 out = self.train_model(images, batch.captions, image_index=batch.image_index)
-            parts = caption_loss(out, batch.captions[:, 1:], dsa_lambda=cfg.optim.dsa_lambda if not self.model.hard else 0.0,
+            parts = caption_loss(out, batch.captions[:, 1:], dsa_lambda=self._dsa_lambda(),
                                  hard=cfg.model.hard if self.model.hard else None, baseline=self.baseline)
         if not torch.isfinite(parts.total):
             raise self._non_finite("loss", float(parts.total.detach()), batch)

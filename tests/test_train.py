@@ -313,3 +313,23 @@ def test_resume_without_state_is_a_clear_error(tiny_data, tmp_path, capsys, cont
     err = _fails(["--resume", str(run)], capsys)
     assert "--resume" in err or "resumable" in err
     assert str(run) in err
+
+
+@pytest.mark.parametrize("attention, flag, expected", [
+    ("soft", None, 0.5), ("hard", None, 0.0), ("hard", "--hard-dsa", 0.5), ("hard", "--no-hard-dsa", 0.0)])
+def test_the_doubly_stochastic_penalty_is_soft_attentions_unless_hard_dsa_asks(
+        tiny_data, tmp_path, monkeypatch, attention, flag, expected):
+    data, images = tiny_data
+    seen = []
+
+    def recording_loss(*args, dsa_lambda, **kwargs):
+        seen.append(dsa_lambda)
+        return caption_loss(*args, dsa_lambda=dsa_lambda, **kwargs)
+
+    caption_loss = train.caption_loss
+    monkeypatch.setattr(train, "caption_loss", recording_loss)
+    extra = ["--attention", attention, "--dsa-lambda", "0.5", "--epochs", "1", *([flag] if flag else [])]
+    assert train.main(train_args(data, images, tmp_path / "run", *extra)) == 0
+    assert seen and set(seen) == {expected}
+    saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
+    assert saved["model"]["hard"]["dsa"] is (flag == "--hard-dsa")
