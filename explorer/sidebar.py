@@ -57,10 +57,14 @@ def _checkpoint_ui(settings: ServerSettings) -> tuple[dict[str, str], str | None
 
 def _decoding_ui() -> DecodeConfig:
     st.sidebar.subheader("Decoding")
-    for key, low, high in (("beam", 1, 10), ("maxlen", 3, 40)):
+    for key, low, high in (("beam", 1, 10), ("maxlen", 3, 40), ("lnorm", 0.0, 1.0)):
         state.clamp(key, low, high)
     beam = st.sidebar.slider("Beam size", 1, 10, key="beam", help="1 = greedy decoding")
     max_len = st.sidebar.slider("Max length", 3, 40, key="maxlen")
+    length_norm = st.sidebar.slider(
+        "Length normalisation", 0.0, 1.0, step=0.1, key="lnorm", disabled=beam == 1,
+        help="Beam search ranks finished captions by log p / length^x: 0 sums the words' log-probabilities "
+             "(short captions win), 1 averages them. Greedy decoding (beam 1) does not use it.")
     state.keep_choice("hard_mode", ["expect", "sample"])
     hard_mode = st.sidebar.radio(
         "Hard attention at test time", ["expect", "sample"], key="hard_mode", horizontal=True,
@@ -69,7 +73,8 @@ def _decoding_ui() -> DecodeConfig:
     seed = 0
     if hard_mode == "sample":
         seed = int(st.sidebar.number_input("Sampling seed", 0, 10_000, key="seed"))
-    return DecodeConfig(beam_size=beam, max_len=max_len, hard_mode=hard_mode, seed=seed)
+    return DecodeConfig(beam_size=beam, max_len=max_len, length_norm=float(length_norm), hard_mode=hard_mode,
+                        seed=seed)
 
 
 def _image_ui(data: DataSource, loaded) -> tuple:

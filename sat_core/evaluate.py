@@ -266,7 +266,8 @@ def evaluate_images(
     scored = score_decoded(decoded, gated=bool(loaded.model.decoder.gated), stats=word_stats(loaded, data),
                            meteor=meteor)
     precision = resolve(next(loaded.model.parameters()).device, cfg.precision)
-    return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len, "precision": precision,
+    return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len,
+            "length_norm": cfg.length_norm, "precision": precision,
             "n_images": len(decoded), "skipped": skipped, **scored}
 
 
@@ -319,6 +320,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         keys = [k for k in ("precision", "recall", "category_accuracy", "colour_accuracy", "shape_accuracy",
                             "size_accuracy", "count_accuracy", "relation_accuracy", "place_accuracy") if k in g]
         lines.append("grounded: " + "  ".join(f"{k.removesuffix('_accuracy')} {_fmt(g.get(k))}" for k in keys))
+        if "relations_stated" in g:
+            lines.append(f"relations stated in {g['relations_stated']:.0%} of captions")
     a = result["attention"]
     if a.get("correctness") is not None:
         lines.append(f"attention correctness {_fmt(a['correctness'])} vs uniform {_fmt(a['baseline'])} "

@@ -276,13 +276,16 @@ _SCORES = ("precision", "recall", "colour_accuracy", "shape_accuracy", "size_acc
 
 def aggregate(groundings: Iterable[Any]) -> dict[str, float]:
     """Dataset means: each score over the captions where it is defined (key absent if none),
-    '<label>_rate' = share of captions with that error, 'n' = number of captions."""
+    'relations_stated' = share of captions stating a relation, '<label>_rate' = share of captions
+    with that error, 'n' = number of captions."""
     rows = [g if isinstance(g, dict) else g.to_dict() for g in groundings]
     out: dict[str, float] = {"n": len(rows)}
     for key in _SCORES:
         values = [r[key] for r in rows if r.get(key) is not None]
         if values:
             out[key] = float(np.mean(values))
+    if rows:  # the share of captions that state at least one relation (accuracy counts only those)
+        out["relations_stated"] = float(np.mean([bool(r["parsed"]["relations"]) for r in rows]))
     for label in ERROR_LABELS:
         flags = [bool(r["errors"].get(label)) for r in rows]
         out[f"{label}_rate"] = float(np.mean(flags)) if flags else 0.0

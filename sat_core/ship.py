@@ -92,14 +92,15 @@ def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage
     target = out_root / name
     loaded = ckpt.load_checkpoint(target if repackage else Path(cfg.out) / "best")
     data = load_karpathy(cfg.data.dataset, cfg.data.images)
-    result = evaluate(loaded, data, "test", dataclasses.replace(cfg.val, beam_size=beam))
+    decode = dataclasses.replace(cfg.val, beam_size=beam)  # the preset's val settings, at the ship's beam
+    result = evaluate(loaded, data, "test", decode)
     summary = ((loaded.metrics or {}).get("training") if repackage else
                {**training_summary(Path(cfg.out)), "encoder_minutes": _encoder_minutes(cfg)})
     if not summary:
         raise SatError(f"{target} has no training summary in its metrics; rebuild it without --repackage.")
     records = result.pop("records")
     metrics = {**result, "training": summary}
-    figure = example_figure(loaded, data)
+    figure = example_figure(loaded, data, decode=decode)
     stored = loaded.config.get("training", {})
     stats = {} if "domain" in stored else card.training_statistics(data)  # checkpoints from before they were kept
     training = {**stored, **stats, "preset": preset_path(name).name, **summary, "train_config": cfg.to_dict()}
@@ -114,7 +115,7 @@ def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage
     return metrics
 
 
-def example_figure(loaded: ckpt.LoadedCheckpoint, data, index: int = 0, beam: int = 3) -> bytes:
+def example_figure(loaded: ckpt.LoadedCheckpoint, data, index: int = 0, decode: DecodeConfig | None = None) -> bytes:
     """The paper's figure for one test image: its caption with an α map per word, as PNG bytes."""
     import numpy as np
 
@@ -125,7 +126,7 @@ def example_figure(loaded: ckpt.LoadedCheckpoint, data, index: int = 0, beam: in
     record = data.images[data.split("test")[index]]
     image = load_image(record.path)
     tensor, _crop = preprocess(image, loaded.preprocess)
-    hyp = beam_search(loaded.model, tensor[None], loaded.vocab, DecodeConfig(beam_size=beam))[0][0]
+    hyp = beam_search(loaded.model, tensor[None], loaded.vocab, decode or DecodeConfig())[0][0]
     words = hyp.words + (["<end>"] if hyp.finished else [])
     crop = np.asarray(crop_for_display(image, loaded.preprocess))
     strip = word_strip(crop, words, hyp.alphas, hyp.grid, method="pyramid", sigma=8.0, panel_size=112,

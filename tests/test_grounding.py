@@ -200,6 +200,7 @@ def test_aggregate_means():
     assert agg["precision"] == pytest.approx((1.0 + 0.5) / 2)
     assert agg["recall"] == pytest.approx((0.5 + 0.25) / 2)
     assert agg["relation_accuracy"] == 1.0  # only g1 states a relation
+    assert agg["relations_stated"] == 0.5
     assert agg["wrong_colour_rate"] == 0.5 and agg["missed_object_rate"] == 1.0
     assert agg["wrong_relation_rate"] == 0.0
 

@@ -207,3 +207,33 @@ def test_tutorial_variants_lean_teacher_forcing_matches_steps(vocab):
     torch.testing.assert_close(tf.alphas.detach(), torch.stack([s.alpha for s in steps], 1), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(tf.logits.detach(), torch.stack([s.logits for s in steps], 1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(tf.betas.detach(), torch.stack([s.beta for s in steps], 1))
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_attention_gradients_match_plain_autograd(activation, k):
+    """The recomputing backward of f_att (a few images at a time) gives autograd's gradients."""
+    from sat_core.models.attention import AttentionMLP
+
+    torch.manual_seed(0)
+    mlp = AttentionMLP(6, 5, 7, activation)
+    mlp.chunk_images = 2  # B = 5 images: chunks of 2, 2 and 1
+    feats, h = torch.randn(5, 4, 6), torch.randn(5 * k, 5)
+    weights = torch.randn(5 * k, 4)
+
+    def plain(proj, h):  # the paper's formula, written out: w^T act(W_a a + b + W_h h) + w_0
+        act = torch.tanh if activation == "tanh" else torch.relu
+        e = mlp.w(act(proj.unsqueeze(1) / 2 + mlp.W_h(h).view(5, k, 1, 7))).squeeze(-1)  # (B, k, L)
+        return torch.softmax(e.view(5 * k, 4), dim=1)
+
+    grads = []
+    for fn in (mlp.forward, plain):
+        mlp.zero_grad()
+        h_ = h.clone().requires_grad_()
+        alpha = fn(mlp.project(feats), h_)
+        (alpha * weights).sum().backward()
+        grads.append([alpha.detach(), h_.grad, mlp.W_a.weight.grad, mlp.W_a.bias.grad, mlp.W_h.weight.grad,
+                      mlp.w.weight.grad])
+    for ours, ref in zip(*grads):
+        assert ours.abs().max() > 0
+        assert torch.allclose(ours, ref, atol=1e-5), (ours - ref).abs().max()

@@ -100,3 +100,5 @@ def test_generated_references_ground_perfectly():
     for key in ("precision", "recall", "category_accuracy", "count_accuracy", "relation_accuracy", "place_accuracy"):
         assert agg[key] == pytest.approx(1.0), key
     assert agg["wrong_category_rate"] == 0.0
+    stated = np.mean([bool(r.parsed.relations) for r in rows])
+    assert agg["relations_stated"] == pytest.approx(stated) and 0.3 < stated < 1.0

@@ -19,6 +19,9 @@ class AttentionMLP(nn.Module):
 
     ``activation="relu"`` replaces tanh, as sgrvinod's tutorial does (for converted checkpoints): ReLU is
     positively homogeneous, so on the same doubled projections w^T relu(x) = ½ w^T relu(2x).
+
+    The block is never materialised whole: a few images at a time it is formed in a buffer that stays
+    in cache, and under autograd (``_Scores``) the backward pass forms it again rather than storing it.
     """
 
     # Images per chunk of the (chunk, k, L, A) block in no-grad decoding: small enough to stay in
@@ -49,24 +52,68 @@ class AttentionMLP(nn.Module):
         wh = 2 * self.W_h(h).float().view(B, k, 1, A)  # (B, k, 1, A)
         w = (0.5 if self.relu else 2) * self.w.weight.float().view(A)  # (A,)
         act = torch.relu if self.relu else torch.sigmoid
-        # torch.mv is outside autocast's bf16 list: the scores stay fp32 (matmul/@ would round them).
         if torch.is_grad_enabled():
-            e = torch.mv(act(proj.unsqueeze(1) + wh).view(-1, A), w).view(B, k, L)  # (B, k, L)
+            e = _Scores.apply(proj, wh, w, self.relu, self.chunk_images)  # (B, k, L)
             # w's bias cancels in the softmax (zero gradient), but DDP wants every parameter used.
             e = e + self.w.bias.float()
         else:
-            e = proj.new_empty(B, k, L)
-            step = self.chunk_images
-            buf = proj.new_empty(min(step, B), k, L, A)  # reused: stays in cache
-            for s in range(0, B, step):
-                x = buf[: min(B - s, step)]
-                torch.add(proj[s : s + step].unsqueeze(1), wh[s : s + step], out=x)  # (c, k, L, A)
-                if self.relu:
-                    x.relu_()
-                else:
-                    x.sigmoid_()
-                torch.mv(x.view(-1, A), w, out=e[s : s + step].view(-1))  # (c·k·L,)
+            e = _scores(proj, wh, w, self.relu, self.chunk_images)
         return torch.softmax(e.view(B * k, L), dim=1)  # (N, L)
+
+
+def _blocks(proj: torch.Tensor, wh: torch.Tensor, relu: bool, step: int):
+    """(first image, act(proj + wh) for ``step`` images (c, k, L, A)) in one reused buffer."""
+    B = proj.shape[0]
+    buf = proj.new_empty(min(step, B), wh.shape[1], *proj.shape[1:])  # reused: stays in cache
+    for s in range(0, B, step):
+        x = buf[: min(B - s, step)]
+        torch.add(proj[s : s + step].unsqueeze(1), wh[s : s + step], out=x)
+        yield s, (x.relu_() if relu else x.sigmoid_())
+
+
+def _scores(proj: torch.Tensor, wh: torch.Tensor, w: torch.Tensor, relu: bool, step: int) -> torch.Tensor:
+    """e (B, k, L) = act(proj + wh) · w, a few images at a time."""
+    B, L, A = proj.shape
+    e = proj.new_empty(B, wh.shape[1], L)
+    for s, x in _blocks(proj, wh, relu, step):
+        # torch.mv is outside autocast's bf16 list: the scores stay fp32 (matmul/@ would round them).
+        torch.mv(x.view(-1, A), w, out=e[s : s + step].view(-1))  # (c·k·L,)
+    return e
+
+
+class _Scores(torch.autograd.Function):
+    """``_scores`` with a backward pass that forms the block again, a few images at a time.
+
+    Autograd would store the (B, k, L, A) activations at every step and stream them through memory
+    four more times; recomputing them in cache is cheaper on a CPU (one more sigmoid per element).
+    """
+
+    @staticmethod
+    def forward(ctx, proj, wh, w, relu, step):
+        ctx.save_for_backward(proj, wh, w)
+        ctx.relu, ctx.step = relu, step
+        return _scores(proj, wh, w, relu, step)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_e):  # (B, k, L)
+        proj, wh, w = ctx.saved_tensors
+        B, L, A = proj.shape
+        k = wh.shape[1]
+        grad_e = grad_e.float().contiguous()
+        grad_proj, grad_wh = torch.empty_like(proj), wh.new_empty(B, k, 1, A)
+        grad_w = w.new_zeros(A)
+        for s, x in _blocks(proj, wh, ctx.relu, ctx.step):
+            g = grad_e[s : s + ctx.step]  # (c, k, L)
+            grad_w.addmv_(x.view(-1, A).t(), g.reshape(-1))  # Σ act · ∂e
+            if ctx.relu:
+                x.gt_(0)  # act'(x) from act(x)
+            else:
+                x.addcmul_(x, x, value=-1)  # σ' = σ(1 − σ)
+            x.mul_(g.unsqueeze(-1)).mul_(w)  # ∂e/∂x, scaled by ∂e
+            torch.sum(x, 2, keepdim=True, out=grad_wh[s : s + ctx.step])
+            torch.sum(x, 1, out=grad_proj[s : s + ctx.step])
+        return grad_proj, grad_wh, grad_w, None, None
 
 
 def attend(

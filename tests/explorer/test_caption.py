@@ -11,10 +11,11 @@ from sat_core.images import load_image, preprocess
 from tests.explorer.conftest import new_app, photo_jpeg
 
 
-def expected_beams(env, attention: str, image_source, beam: int = 3, max_len: int = 20):
+def expected_beams(env, attention: str, image_source, beam: int = 3, max_len: int = 20, length_norm: float = 0.0):
     loaded = env.checkpoint(attention)
     tensor, _ = preprocess(load_image(image_source), loaded.preprocess)
-    return beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, DecodeConfig(beam_size=beam, max_len=max_len))[0]
+    cfg = DecodeConfig(beam_size=beam, max_len=max_len, length_norm=length_norm)
+    return beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, cfg)[0]
 
 
 def caption_shown(at) -> str:
@@ -53,6 +54,21 @@ def test_beam_size_and_scene_follow_the_sidebar(app, explorer_env):
     assert caption_shown(app) == (hyps[0].caption or "(empty)")
     assert len(app.dataframe[0].value) == 1
     assert app.query_params["scene"] == str(scene) and app.query_params["beam"] == "1"
+
+
+def test_length_normalisation_follows_the_sidebar_and_the_link(app, explorer_env):
+    scene = explorer_env.test_ids()[1]
+    app.sidebar.selectbox(key="scene").set_value(scene)
+    app.sidebar.slider(key="beam").set_value(5)
+    app.sidebar.slider(key="lnorm").set_value(1.0).run()
+    hyps = expected_beams(explorer_env, "soft", explorer_env.scene_path(scene), beam=5, length_norm=1.0)
+    assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+    assert caption_shown(app) == (hyps[0].caption or "(empty)")
+    assert list(app.dataframe[0].value["caption"]) == [h.caption for h in hyps]
+    assert app.query_params["lnorm"] == "1.0"
+    reopened = new_app({"scene": str(scene), "beam": "5", "lnorm": "1.0"})
+    reopened.run()
+    assert reopened.sidebar.slider(key="lnorm").value == 1.0 and caption_shown(reopened) == caption_shown(app)
 
 
 def test_bad_upload_shows_the_loader_message_then_a_good_one_captions(app, explorer_env):
