@@ -13,8 +13,10 @@ from sat_core.config import HardAttentionConfig
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """−log p(y_t | a, y_<t) per real token, 0 on pads: (B, T)."""
-    nll = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # (B, T), fp32 under autocast
-    return nll * mask
+    B, T, V = logits.shape
+    # Rows of V contiguous logits: log-softmax over the transposed (B, V, T) layout runs ~2× slower.
+    nll = F.cross_entropy(logits.float().reshape(B * T, V), targets.reshape(B * T), reduction="none")  # fp32
+    return nll.view(B, T) * mask
 
 
 class MovingBaseline:

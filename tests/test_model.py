@@ -212,14 +212,15 @@ def test_tutorial_variants_lean_teacher_forcing_matches_steps(vocab):
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 @pytest.mark.parametrize("k", [1, 3])
 def test_attention_gradients_match_plain_autograd(activation, k):
-    """The recomputing backward of f_att (a few images at a time) gives autograd's gradients."""
+    """The recomputing backward of f_att (a few images at a time, the projection's gradient gathered
+    over steps in one buffer) gives autograd's gradients."""
     from sat_core.models.attention import AttentionMLP
 
     torch.manual_seed(0)
     mlp = AttentionMLP(6, 5, 7, activation)
     mlp.chunk_images = 2  # B = 5 images: chunks of 2, 2 and 1
     feats, h = torch.randn(5, 4, 6), torch.randn(5 * k, 5)
-    weights = torch.randn(5 * k, 4)
+    weights = torch.randn(3, 5 * k, 4)
 
     def plain(proj, h):  # the paper's formula, written out: w^T act(W_a a + b + W_h h) + w_0
         act = torch.tanh if activation == "tanh" else torch.relu
@@ -230,7 +231,8 @@ def test_attention_gradients_match_plain_autograd(activation, k):
     for fn in (mlp.forward, plain):
         mlp.zero_grad()
         h_ = h.clone().requires_grad_()
-        alpha = fn(mlp.project(feats), h_)
+        proj = mlp.project(feats)  # read by three steps, as in teacher forcing: their gradients add up
+        alpha = torch.stack([fn(proj, h_ * (t + 1)) for t in range(3)])
         (alpha * weights).sum().backward()
         grads.append([alpha.detach(), h_.grad, mlp.W_a.weight.grad, mlp.W_a.bias.grad, mlp.W_h.weight.grad,
                       mlp.w.weight.grad])

@@ -38,7 +38,12 @@ class AttentionMLP(nn.Module):
 
     def project(self, feats: torch.Tensor) -> torch.Tensor:
         """2(W_a a_i + b) in fp32: independent of t, so computed (and cast) once per image."""
-        return 2 * self.W_a(feats).float()  # (B, L, A)
+        proj = 2 * self.W_a(feats).float()  # (B, L, A)
+        if torch.is_grad_enabled() and proj.requires_grad:
+            sink = _GradSink()
+            proj = _Collect.apply(proj, sink)
+            proj._grad_sink = sink  # read by ``forward``: every step adds its gradient into one buffer
+        return proj
 
     def forward(self, proj: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """α (fp32) for N = B·k rows of hidden state over B images' projections (B, L, A) from ``project``.
@@ -53,7 +58,8 @@ class AttentionMLP(nn.Module):
         w = (0.5 if self.relu else 2) * self.w.weight.float().view(A)  # (A,)
         act = torch.relu if self.relu else torch.sigmoid
         if torch.is_grad_enabled():
-            e = _Scores.apply(proj, wh, w, self.relu, self.chunk_images)  # (B, k, L)
+            sink = getattr(proj, "_grad_sink", None)
+            e = _Scores.apply(proj, wh, w, self.relu, self.chunk_images, sink)  # (B, k, L)
             # w's bias cancels in the softmax (zero gradient), but DDP wants every parameter used.
             e = e + self.w.bias.float()
         else:
@@ -81,17 +87,58 @@ def _scores(proj: torch.Tensor, wh: torch.Tensor, w: torch.Tensor, relu: bool, s
     return e
 
 
+class _GradSink:
+    """One (B, L, A) gradient buffer for a projection that every time step reads."""
+
+    def __init__(self) -> None:
+        self.grad: torch.Tensor | None = None
+
+    def buffer(self, like: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """(the buffer, whether it is new: the caller writes instead of adding)."""
+        if self.grad is None:
+            self.grad = torch.empty_like(like)
+            return self.grad, True
+        return self.grad, False
+
+    def take(self) -> torch.Tensor | None:
+        grad, self.grad = self.grad, None
+        return grad
+
+
+class _Collect(torch.autograd.Function):
+    """Identity on the projection whose backward hands on what the steps added into the sink.
+
+    Without it autograd would give each of the T steps its own (B, L, A) gradient and sum them, two
+    more passes through memory per step; autograd runs this node after all the steps that read it.
+    """
+
+    @staticmethod
+    def forward(ctx, proj, sink):
+        ctx.sink = sink
+        ctx.set_materialize_grads(False)
+        return proj.view_as(proj)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        collected = ctx.sink.take()
+        if grad is None:
+            return collected, None
+        return (grad if collected is None else collected + grad), None
+
+
 class _Scores(torch.autograd.Function):
     """``_scores`` with a backward pass that forms the block again, a few images at a time.
 
     Autograd would store the (B, k, L, A) activations at every step and stream them through memory
     four more times; recomputing them in cache is cheaper on a CPU (one more sigmoid per element).
+    With a sink (from ``project``) the projection's gradient is added there instead of returned.
     """
 
     @staticmethod
-    def forward(ctx, proj, wh, w, relu, step):
+    def forward(ctx, proj, wh, w, relu, step, sink=None):
         ctx.save_for_backward(proj, wh, w)
-        ctx.relu, ctx.step = relu, step
+        ctx.relu, ctx.step, ctx.sink = relu, step, sink
         return _scores(proj, wh, w, relu, step)
 
     @staticmethod
@@ -101,8 +148,11 @@ class _Scores(torch.autograd.Function):
         B, L, A = proj.shape
         k = wh.shape[1]
         grad_e = grad_e.float().contiguous()
-        grad_proj, grad_wh = torch.empty_like(proj), wh.new_empty(B, k, 1, A)
-        grad_w = w.new_zeros(A)
+        if ctx.sink is not None:
+            grad_proj, fresh = ctx.sink.buffer(proj)
+        else:
+            grad_proj, fresh = torch.empty_like(proj), True
+        grad_wh, grad_w = wh.new_empty(B, k, 1, A), w.new_zeros(A)
         for s, x in _blocks(proj, wh, ctx.relu, ctx.step):
             g = grad_e[s : s + ctx.step]  # (c, k, L)
             grad_w.addmv_(x.view(-1, A).t(), g.reshape(-1))  # Σ act · ∂e
@@ -112,8 +162,12 @@ class _Scores(torch.autograd.Function):
                 x.addcmul_(x, x, value=-1)  # σ' = σ(1 − σ)
             x.mul_(g.unsqueeze(-1)).mul_(w)  # ∂e/∂x, scaled by ∂e
             torch.sum(x, 2, keepdim=True, out=grad_wh[s : s + ctx.step])
-            torch.sum(x, 1, out=grad_proj[s : s + ctx.step])
-        return grad_proj, grad_wh, grad_w, None, None
+            part = x[:, 0] if k == 1 else x.sum(1)  # (c, L, A)
+            if fresh:
+                grad_proj[s : s + ctx.step].copy_(part)
+            else:
+                grad_proj[s : s + ctx.step].add_(part)
+        return None if ctx.sink is not None else grad_proj, grad_wh, grad_w, None, None, None
 
 
 def attend(
