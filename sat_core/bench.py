@@ -419,7 +419,7 @@ def run_decode(devices: list[torch.device], *, quick: bool = False, precision: s
 # ---- agreement: bf16 vs fp32 on a checkpoint's split ----------------------------------------------------
 
 def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam: int, max_len: int,
-                  device: torch.device, limit: int = 0) -> dict[str, Any]:
+                  device: torch.device, limit: int = 0, length_norm: float = 0.0) -> dict[str, Any]:
     """Best captions in fp32 and bf16 for every image of ``split``: the share that agree, both BLEU-4s."""
     from sat_core.checkpoint import load_checkpoint
     from sat_core.data import EvalImages, ImageStore, load_karpathy, normalise
@@ -439,7 +439,8 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
         batch = normalise(batch.to(device), loaded.preprocess)
         for p in captions:
             started = time.perf_counter()
-            hyps = beam_search(model, batch, loaded.vocab, DecodeConfig(beam_size=beam, max_len=max_len, precision=p))
+            hyps = beam_search(model, batch, loaded.vocab, DecodeConfig(beam_size=beam, max_len=max_len,
+                                                                                length_norm=length_norm, precision=p))
             seconds[p] += time.perf_counter() - started
             for i, h in zip(ids, hyps):
                 captions[p][i] = h[0].caption
@@ -447,7 +448,8 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
             refs[i] = [" ".join(s) for s in evals.references(i)]
     bleu = {p: caption_metrics(refs, c, meteor=False).corpus["BLEU-4"] for p, c in captions.items()}
     same = sum(captions["fp32"][i] == captions["bf16"][i] for i in refs)
-    return {"checkpoint": checkpoint, "split": split, "images": len(refs), "beam": beam, "device": device.type,
+    return {"checkpoint": checkpoint, "split": split, "images": len(refs), "beam": beam,
+            "length_norm": length_norm, "device": device.type,
             "same_best_caption": same / max(len(refs), 1), "bleu4_fp32": bleu["fp32"], "bleu4_bf16": bleu["bf16"],
             "bleu4_delta": bleu["bf16"] - bleu["fp32"], "seconds_fp32": seconds["fp32"],
             "seconds_bf16": seconds["bf16"],
@@ -515,6 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", help="agreement: the split to decode")
     p.add_argument("--beam", type=int, default=3, help="agreement: beam size")
     p.add_argument("--max-len", type=int, default=20, help="agreement: length cap")
+    p.add_argument("--length-norm", type=float, default=0.0,
+                   help="agreement: beam search's length normalisation (the scenes models are evaluated with 1)")
     p.add_argument("--limit", type=int, default=0, help="agreement: first N images only (0: all)")
     return p
 
@@ -550,9 +554,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.what == "agreement":
             figures = run_agreement(args.checkpoint, args.data, args.images, args.split, args.beam, args.max_len,
-                                    devices[-1], args.limit)
+                                    devices[-1], args.limit, args.length_norm)
             print(f"{figures['checkpoint']} {figures['split']} split, {figures['images']} images, beam "
-                  f"{figures['beam']}, {figures['device']}: same best caption in bf16 and fp32 for "
+                  f"{figures['beam']}, length normalisation {figures['length_norm']}, {figures['device']}: same best caption in bf16 and fp32 for "
                   f"{100 * figures['same_best_caption']:.1f} %; BLEU-4 fp32 {figures['bleu4_fp32']:.4f}, "
                   f"bf16 {figures['bleu4_bf16']:.4f} (Δ {figures['bleu4_delta']:+.4f}); decoding "
                   f"{figures['seconds_fp32']:.1f} s fp32, {figures['seconds_bf16']:.1f} s bf16")
