@@ -55,8 +55,11 @@ def _checkpoint_ui(settings: ServerSettings) -> tuple[dict[str, str], str | None
     return names, name, loaded, None
 
 
-def _decoding_ui() -> DecodeConfig:
+def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
     st.sidebar.subheader("Decoding")
+    if loaded is not None:  # the length normalisation the checkpoint's figures were measured with
+        measured = (loaded.metrics or {}).get("length_norm", DecodeConfig().length_norm)
+        state.follow_checkpoint(name, {"lnorm": float(measured)})
     for key, low, high in (("beam", 1, 10), ("maxlen", 3, 40), ("lnorm", 0.0, 1.0)):
         state.clamp(key, low, high)
     beam = st.sidebar.slider("Beam size", 1, 10, key="beam", help="1 = greedy decoding")
@@ -64,7 +67,8 @@ def _decoding_ui() -> DecodeConfig:
     length_norm = st.sidebar.slider(
         "Length normalisation", 0.0, 1.0, step=0.1, key="lnorm", disabled=beam == 1,
         help="Beam search ranks finished captions by log p / length^x: 0 sums the words' log-probabilities "
-             "(short captions win), 1 averages them. Greedy decoding (beam 1) does not use it.")
+             "(short captions win), 1 averages them. Greedy decoding (beam 1) does not use it. Set to the "
+             "value the checkpoint was evaluated with whenever a checkpoint is chosen.")
     state.keep_choice("hard_mode", ["expect", "sample"])
     hard_mode = st.sidebar.radio(
         "Hard attention at test time", ["expect", "sample"], key="hard_mode", horizontal=True,
@@ -145,7 +149,7 @@ def draw_sidebar(settings: ServerSettings) -> state.Context:
     state.restore_from_url()
     state.apply_pending()
     names, name, loaded, ckpt_error = _checkpoint_ui(settings)
-    decode = _decoding_ui()
+    decode = _decoding_ui(name, loaded)
     data = source_for(settings.source, loaded.model_config.encoder if loaded is not None else None)
     gallery, gallery_error, image, image_error, source = _image_ui(data, loaded)
     maps = _maps_ui()

@@ -45,6 +45,24 @@ DEFAULTS: dict[str, Any] = {
     "cmp_source": "soft", "cmp_step": 1, "cmp_seed": 0, "cmp_n": 5, "ew_mode": "exclude",
 }
 STEP, FORCED = "step", "forced"  # plain state of the step-through view
+# Widget defaults that come from the selected checkpoint (its evaluation's length normalisation),
+# with the checkpoint they came from: {"for": name, "lnorm": 1.0}.
+CHECKPOINT_DEFAULT = "_checkpoint_default"
+
+
+def follow_checkpoint(name: str, defaults: Mapping[str, Any]) -> None:
+    """Set widgets to the checkpoint's own defaults when the checkpoint changes (before they are drawn).
+
+    A link's own values win on the session's first run; links leave out values equal to these defaults.
+    """
+    previous = st.session_state.get(CHECKPOINT_DEFAULT)
+    if previous is not None and previous.get("for") == name:
+        return
+    st.session_state[CHECKPOINT_DEFAULT] = {"for": name, **defaults}
+    for key, value in defaults.items():
+        if previous is None and key in st.query_params:
+            continue  # restored from the link
+        st.session_state[key] = value
 
 
 def parse_forced(text: str) -> dict[int, str]:
@@ -84,7 +102,8 @@ def current_params() -> dict[str, str]:
     out: dict[str, str] = {}
     for key in URL_WIDGETS:
         value = st.session_state.get(key)
-        if value is None or value == DEFAULTS.get(key, PAGE_DEFAULTS.get(key)):
+        default = st.session_state.get(CHECKPOINT_DEFAULT, {}).get(key, DEFAULTS.get(key, PAGE_DEFAULTS.get(key)))
+        if value is None or value == default:
             continue
         if key == "scene" and st.session_state.get("source") == "Upload":
             continue

@@ -71,6 +71,29 @@ def test_length_normalisation_follows_the_sidebar_and_the_link(app, explorer_env
     assert reopened.sidebar.slider(key="lnorm").value == 1.0 and caption_shown(reopened) == caption_shown(app)
 
 
+def test_length_normalisation_follows_the_checkpoint_unless_a_link_sets_it(explorer_env):
+    at = new_app({"ckpt": "tiny-hard-normed", "beam": "4"})
+    at.run()
+    assert at.sidebar.slider(key="lnorm").value == 1.0  # what its metrics were measured with
+    assert "lnorm" not in at.query_params  # the checkpoint's own default: links leave it out
+    scene = at.sidebar.selectbox(key="scene").value
+    hyps = expected_beams(explorer_env, "hard-normed", explorer_env.scene_path(scene), beam=4, length_norm=1.0)
+    assert caption_shown(at) == (hyps[0].caption or "(empty)")
+    at.sidebar.selectbox(key="ckpt").set_value("tiny-soft").run()
+    assert at.sidebar.slider(key="lnorm").value == 0.0  # a checkpoint without the figure: the default
+    at.sidebar.slider(key="lnorm").set_value(0.5).run()
+    assert at.query_params["lnorm"] == "0.5"
+    at.sidebar.selectbox(key="ckpt").set_value("tiny-hard-normed").run()
+    assert at.sidebar.slider(key="lnorm").value == 1.0
+    at.sidebar.slider(key="lnorm").set_value(0.0).run()
+    link = dict(at.query_params)
+    assert link["lnorm"] == "0.0"
+    reopened = new_app(link)
+    reopened.run()
+    assert reopened.sidebar.slider(key="lnorm").value == 0.0  # the link wins over the checkpoint
+    assert caption_shown(reopened) == caption_shown(at)
+
+
 def test_bad_upload_shows_the_loader_message_then_a_good_one_captions(app, explorer_env):
     app.sidebar.radio(key="source").set_value("Upload").run()
     assert any("Choose a gallery scene or upload" in i.value for i in app.info)
