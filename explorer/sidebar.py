@@ -58,8 +58,7 @@ def _checkpoint_ui(settings: ServerSettings) -> tuple[dict[str, str], str | None
 def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
     st.sidebar.subheader("Decoding")
     if loaded is not None:  # the length normalisation the checkpoint's figures were measured with
-        measured = (loaded.metrics or {}).get("length_norm", DecodeConfig().length_norm)
-        state.follow_checkpoint(name, {"lnorm": float(measured)})
+        state.follow_checkpoint(name, {"lnorm": loaded.length_norm})
     for key, low, high in (("beam", 1, 10), ("maxlen", 3, 40), ("lnorm", 0.0, 1.0)):
         state.clamp(key, low, high)
     beam = st.sidebar.slider("Beam size", 1, 10, key="beam", help="1 = greedy decoding")

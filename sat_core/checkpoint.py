@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sat_core.config import ModelConfig, PreprocessConfig
+from sat_core.config import DecodeConfig, ModelConfig, PreprocessConfig
 from sat_core.errors import CheckpointError, SatError
 from sat_core.io import atomic_write, fsync_dir, read_tensors, save_tensors_atomic, write_json_atomic
 from sat_core.paths import CHECKPOINT_FILES, CONFIG_FILE, WEIGHTS_FILE, resolve_checkpoint_path
@@ -274,6 +274,12 @@ class LoadedCheckpoint:
     config: dict[str, Any]  # config.json as stored
     metrics: dict[str, Any] | None
     path: Path  # the checkpoint folder
+
+    @property
+    def length_norm(self) -> float:
+        """The length normalisation its metrics were measured with (DecodeConfig's default if unknown)."""
+        value = (self.metrics or {}).get("length_norm")
+        return float(value) if isinstance(value, (int, float)) else DecodeConfig().length_norm
 
 
 def load_checkpoint(

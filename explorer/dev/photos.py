@@ -2,8 +2,8 @@
 
     python -m explorer.dev.photos [--checkpoints checkpoints/scenes_soft checkpoints/scenes_hard] [--beam 3]
 
-Prints a Markdown table: each photo, what it shows, each checkpoint's best caption (beam search, the
-checkpoint's own preprocessing) and whether the out-of-domain check (the colour statistics of the
+Prints a Markdown table: each photo, what it shows, each checkpoint's best caption (beam search with the
+length normalisation it was evaluated with, as in the explorer; the checkpoint's own preprocessing) and whether the out-of-domain check (the colour statistics of the
 checkpoint's training images, stored in it) would warn. The photos ship with scikit-image, so the
 table is reproducible offline.
 """
@@ -50,7 +50,8 @@ def table(checkpoints: list[Path], folder: Path, beam: int) -> str:
     columns = {}
     for ckpt in checkpoints:
         loaded = load_checkpoint(ckpt)
-        results, failed = caption_files(loaded, sources, DecodeConfig(beam_size=beam, max_len=20))
+        cfg = DecodeConfig(beam_size=beam, max_len=20, length_norm=loaded.length_norm)  # as the explorer decodes
+        results, failed = caption_files(loaded, sources, cfg)
         if failed:
             raise SystemExit(f"{ckpt}: {failed}")
         stored = (loaded.config.get("training") or {}).get("domain")
