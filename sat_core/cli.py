@@ -80,6 +80,14 @@ def add_decode_flags(parser: argparse.ArgumentParser, defaults: DecodeConfig | N
     add_flags(parser, defaults or DecodeConfig(), path=("decode",))
 
 
+def length_norm_follows_checkpoint(parser: argparse.ArgumentParser) -> None:
+    """Say in ``--length-norm``'s help that, when not given, the checkpoint's own value is used."""
+    for action in parser._actions:
+        if action.dest == "decode.length_norm":
+            text, _, default = (action.help or "").rpartition(" [default:")
+            action.help = f"{text}; when not given, the value the checkpoint's metrics were measured with, else [default:{default}"
+
+
 def decode_config(args: argparse.Namespace, defaults: DecodeConfig | None = None) -> DecodeConfig:
     """The DecodeConfig the flags of ``add_decode_flags`` describe (SatError for a bad value)."""
     changes = {k.split(".", 1)[1]: v for k, v in vars(args).items() if k.startswith("decode.") and v is not None}

@@ -354,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--images", required=True, help="folder holding the dataset's images")
     p.add_argument("--split", default="test")
     cli.add_decode_flags(p)
+    cli.length_norm_follows_checkpoint(p)
     p.add_argument("--limit", type=int, default=None, help="evaluate only the split's first N images")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
@@ -370,8 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.limit is not None and args.limit < 1:
             raise SatError(f"--limit must be at least 1, not {args.limit}.")
-        cfg = cli.decode_config(args)
+        cli.decode_config(args)  # bad values are reported before the checkpoint is read
         loaded = load_checkpoint(args.checkpoint, device=pick_device(args.device))
+        cfg = cli.decode_config(args, DecodeConfig(length_norm=loaded.length_norm))
         data = load_karpathy(args.data, args.images)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -44,11 +44,29 @@ def files(tmp_path_factory):
     return [str(good1), str(bad), str(good2)]
 
 
-def _direct(checkpoint, paths, beam, max_len):
+def _direct(checkpoint, paths, beam, max_len, length_norm=0.0):
     """What the CLI should print: beam_search on the same images, loaded and preprocessed directly."""
     loaded = load_checkpoint(checkpoint)
     batch = torch.stack([preprocess(load_image(p), loaded.preprocess)[0] for p in paths])
-    return beam_search(loaded.model, batch, loaded.vocab, DecodeConfig(beam_size=beam, max_len=max_len))
+    cfg = DecodeConfig(beam_size=beam, max_len=max_len, length_norm=length_norm)
+    return beam_search(loaded.model, batch, loaded.vocab, cfg)
+
+
+def test_length_norm_defaults_to_the_checkpoints_own(checkpoint, files, tmp_path, capsys):
+    """A checkpoint evaluated with length normalisation 1 is decoded with it unless the flag says otherwise."""
+    loaded = load_checkpoint(checkpoint)
+    normed = tmp_path / "normed"
+    save_checkpoint(normed, loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
+                    preprocess=loaded.preprocess, metrics={"length_norm": 1.0})
+    images = [files[0], files[2]]
+    for flags, norm in (([], 1.0), (["--length-norm", "0"], 0.0), (["--length-norm", "0.5"], 0.5)):
+        assert main(["--checkpoint", str(normed), *images, "--beam", "4", "--max-len", "8", "--json", *flags]) == 0
+        items = json.loads(capsys.readouterr().out)
+        expected = _direct(normed, images, 4, 8, norm)
+        for item, hyps in zip(items, expected):
+            assert [b["tokens"] for b in item["beams"]] == [h.tokens for h in hyps]
+            assert item["score"] == pytest.approx(hyps[0].score)
+            assert item["score"] == pytest.approx(item["logprob"] / len(item["tokens"]) ** norm)
 
 
 def test_plain_output_and_bad_image(checkpoint, files, capsys):
