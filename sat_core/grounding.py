@@ -72,10 +72,11 @@ class Parsed:
     relations: list[Relation] = field(default_factory=list)
 
 
-def _relation_at(tokens: Sequence[str], i: int) -> tuple[str, int] | None:
-    """The longest relation phrase starting at i, as (relation, length)."""
-    for n in range(min(_MAX_PHRASE, len(tokens) - i), 0, -1):
-        rel = RELATION_PHRASES.get(tuple(tokens[i:i + n]))
+def phrase_at(tokens: Sequence[str], i: int, phrases: dict[tuple[str, ...], str],
+              longest: int) -> tuple[str, int] | None:
+    """The longest of ``phrases`` (word tuple -> relation) starting at i, as (relation, length)."""
+    for n in range(min(longest, len(tokens) - i), 0, -1):
+        rel = phrases.get(tuple(tokens[i:i + n]))
         if rel:
             return rel, n
     return None
@@ -94,7 +95,7 @@ def parse_caption(tokens: Sequence[Any]) -> Parsed:
     rel_wait: tuple[int, str, list[int]] | None = None  # (left mention, relation, phrase tokens)
     i = 0
     while i < len(toks):
-        found = _relation_at(toks, i)
+        found = phrase_at(toks, i, RELATION_PHRASES, _MAX_PHRASE)
         if found:
             rel, n = found
             left = len(out.mentions) - 1

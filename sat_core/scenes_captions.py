@@ -17,6 +17,7 @@ from sat_core.scenes import relation_holds
 from sat_core.scenes_catalog import (
     ACTIONS, CATEGORIES, CONVERSE, NUMBER_WORDS, PLACES, RELATION_PHRASES, RELATION_WORDS, RELATIONS,
 )
+from sat_core.world import caption_records
 
 CAPTIONS_PER_IMAGE = 5
 MAX_CAPTION_TOKENS = 22
@@ -126,10 +127,4 @@ def describe(objects: list[dict[str, Any]], place: str, rng: np.random.Generator
         for c, g in enumerate(gs):
             plain += ([("and", None)] if c else []) + _mention(g, False, False, rng)
         caps = [plain]
-    caps = [caps[k % len(caps)] for k in range(n)]
-    out = []
-    for cap in caps:
-        tokens = [w for w, _ in cap]
-        links = [[t, sorted(ids)] for t, (_, ids) in enumerate(cap) if ids is not None]
-        out.append({"tokens": tokens, "raw": " ".join(tokens), "links": links})
-    return out
+    return caption_records(caps, n)

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from sat_core.grounding import Relation, phrase_at
 from sat_core.scenes import relation_holds
 from sat_core.scenes_catalog import (
     COLOURS, COUNT_WORDS, NOUNS, PARTICIPLES, PLACE_WORDS, RELATION_PHRASES,
@@ -35,26 +36,10 @@ class Mention:
 
 
 @dataclass
-class Relation:
-    a: int  # mention index
-    relation: str
-    b: int
-    tokens: list[int]
-
-
-@dataclass
 class Parsed:
     mentions: list[Mention] = field(default_factory=list)
     relations: list[Relation] = field(default_factory=list)
     places: list[tuple[int, str]] = field(default_factory=list)  # (token index, place)
-
-
-def _relation_at(toks: Sequence[str], i: int) -> tuple[str, int] | None:
-    for n in range(min(_MAX_PHRASE, len(toks) - i), 0, -1):
-        rel = RELATION_PHRASES.get(tuple(toks[i:i + n]))
-        if rel:
-            return rel, n
-    return None
 
 
 def parse(tokens: Sequence[Any]) -> Parsed:
@@ -66,7 +51,7 @@ def parse(tokens: Sequence[Any]) -> Parsed:
     last_end = -2  # token index where the last mention (plus its participles) ended
     i = 0
     while i < len(toks):
-        found = _relation_at(toks, i)
+        found = phrase_at(toks, i, RELATION_PHRASES, _MAX_PHRASE)
         if found:
             rel, n = found
             left = len(out.mentions) - 1

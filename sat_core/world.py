@@ -359,9 +359,13 @@ def describe(objects: list[dict[str, Any]], rng: np.random.Generator,
         if len(found) == n:
             break
     caps = list(found.values()) or [_caption(groups, rng, plain=True)]  # plain is always short
-    caps = [caps[k % len(caps)] for k in range(n)]
+    return caption_records(caps, n)
+
+
+def caption_records(caps: list[list[tuple[str, list[int] | None]]], n: int) -> list[dict[str, Any]]:
+    """n reference records {"tokens", "raw", "links"} cycling through captions of (word, object ids)."""
     out = []
-    for cap in caps:
+    for cap in (caps[k % len(caps)] for k in range(n)):
         tokens = [w for w, _ in cap]
         links = [[t, sorted(ids)] for t, (_, ids) in enumerate(cap) if ids is not None]
         out.append({"tokens": tokens, "raw": " ".join(tokens), "links": links})
