@@ -2,15 +2,17 @@
 
     python -m explorer.dev.photos [--checkpoints checkpoints/scenes_soft checkpoints/scenes_hard] [--beam 3]
 
-Prints a Markdown table: each photo, what it shows, each checkpoint's best caption (beam search with the
-length normalisation it was evaluated with, as in the explorer; the checkpoint's own preprocessing) and whether the out-of-domain check (the colour statistics of the
-checkpoint's training images, stored in it) would warn. The photos ship with scikit-image, so the
+Prints a Markdown table: each photo, what it shows, each checkpoint's best caption (beam search with
+the length normalisation it was evaluated with, as in the explorer; the checkpoint's own
+preprocessing) and whether the out-of-domain check (the colour statistics of the checkpoint's
+training images, stored in it) would warn. The photos ship with scikit-image, so the
 table is reproducible offline.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -74,7 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoints", nargs="+", type=Path,
                         default=[REPO_ROOT / "checkpoints" / n for n in ("scenes_soft", "scenes_hard")])
     parser.add_argument("--beam", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("photos"), help="folder the photos are written to")
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "sat-explorer-photos",
+                        help="folder the photos are written to (default: a folder in the system's temp dir)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     print(table(args.checkpoints, args.out, args.beam))
