@@ -439,8 +439,8 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
         batch = normalise(batch.to(device), loaded.preprocess)
         for p in captions:
             started = time.perf_counter()
-            hyps = beam_search(model, batch, loaded.vocab, DecodeConfig(beam_size=beam, max_len=max_len,
-                                                                                length_norm=length_norm, precision=p))
+            cfg = DecodeConfig(beam_size=beam, max_len=max_len, length_norm=length_norm, precision=p)
+            hyps = beam_search(model, batch, loaded.vocab, cfg)
             seconds[p] += time.perf_counter() - started
             for i, h in zip(ids, hyps):
                 captions[p][i] = h[0].caption
@@ -556,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
             figures = run_agreement(args.checkpoint, args.data, args.images, args.split, args.beam, args.max_len,
                                     devices[-1], args.limit, args.length_norm)
             print(f"{figures['checkpoint']} {figures['split']} split, {figures['images']} images, beam "
-                  f"{figures['beam']}, length normalisation {figures['length_norm']}, {figures['device']}: same best caption in bf16 and fp32 for "
+                  f"{figures['beam']}, length normalisation {figures['length_norm']}, {figures['device']}: "
+                  "same best caption in bf16 and fp32 for "
                   f"{100 * figures['same_best_caption']:.1f} %; BLEU-4 fp32 {figures['bleu4_fp32']:.4f}, "
                   f"bf16 {figures['bleu4_bf16']:.4f} (Δ {figures['bleu4_delta']:+.4f}); decoding "
                   f"{figures['seconds_fp32']:.1f} s fp32, {figures['seconds_bf16']:.1f} s bf16")

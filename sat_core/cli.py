@@ -85,7 +85,8 @@ def length_norm_follows_checkpoint(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:
         if action.dest == "decode.length_norm":
             text, _, default = (action.help or "").rpartition(" [default:")
-            action.help = f"{text}; when not given, the value the checkpoint's metrics were measured with, else [default:{default}"
+            action.help = (f"{text}; when not given, the value the checkpoint's metrics were measured with, "
+                           f"else [default:{default}")
 
 
 def decode_config(args: argparse.Namespace, defaults: DecodeConfig | None = None) -> DecodeConfig:

@@ -142,7 +142,8 @@ class HardAttentionConfig(Config):
     mix_soft_prob: float = option(0.5, "per example: train with the expectation α instead of a sample",
                                   low=0.0)
     dsa: bool = option(False, "also apply the doubly stochastic penalty (optim.dsa_lambda) to α; not in the "
-                       "paper; it spreads α over more cells (scenes, λ 0.1: entropy 3.3 -> 4.75 nats), though not onto the objects")
+                       "paper; it spreads α over more cells (scenes, λ 0.1: entropy 3.3 -> 4.75 nats), "
+                       "though not onto the objects")
 
     def validate(self) -> None:
         if self.baseline_decay >= 1 or self.mix_soft_prob > 1:

@@ -56,7 +56,6 @@ class AttentionMLP(nn.Module):
         k = h.shape[0] // B
         wh = 2 * self.W_h(h).float().view(B, k, 1, A)  # (B, k, 1, A)
         w = (0.5 if self.relu else 2) * self.w.weight.float().view(A)  # (A,)
-        act = torch.relu if self.relu else torch.sigmoid
         if torch.is_grad_enabled():
             sink = getattr(proj, "_grad_sink", None)
             e = _Scores.apply(proj, wh, w, self.relu, self.chunk_images, sink)  # (B, k, L)
