@@ -165,6 +165,8 @@ class ModelConfig(Config):
     finetune_encoder: bool = option(False, "train the encoder too (frozen by default, as in the paper)")
     small_channels: tuple[int, ...] = option((24, 48, 96), "small CNN widths; D = the last one")
     feature_dim: int = option(96, "D, set from the encoder", low=1, derived=True)
+    multiscale: bool = option(False, "efficientnet_lite0: each 14×14 annotation also holds the stride-32 stage "
+                              "(upsampled), D = 112 + 320 = 432")
     vocab_size: int = option(0, "K, set from the vocabulary", low=0, derived=True)
     embed_dim: int = option(64, "m, word embedding size", low=1)
     hidden_dim: int = option(256, "n, LSTM size", low=1)
@@ -188,6 +190,9 @@ class ModelConfig(Config):
     def validate(self) -> None:
         if self.dropout >= 1:
             raise SatError(f"ModelConfig.dropout must be below 1, not {self.dropout}.")
+        if self.multiscale and self.encoder != "efficientnet_lite0":
+            raise SatError(f"multiscale annotations need --encoder efficientnet_lite0, not {self.encoder}; "
+                           "drop --multiscale or change the encoder.")
 
 
 @dataclass(frozen=True)

@@ -522,32 +522,36 @@ def _caption_ids(vocab: Vocab, caption: str | Sequence[str] | Sequence[int]) -> 
 
 
 @torch.no_grad()
-def _teacher_force(model: Captioner, vocab: Vocab, image: torch.Tensor, tokens: list[int], *, rows: int = 1,
-                   seed: int | None = None, intervention: Intervention | None = None, precision: str = "auto"):
-    """Feed ``tokens`` (ending with <end>) through ``step`` for ``rows`` copies of one image.
+def _teacher_force(model: Captioner, vocab: Vocab, image: torch.Tensor, tokens: list[int] | list[list[int]], *,
+                   rows: int = 1, seed: int | None = None, intervention: Intervention | None = None,
+                   precision: str = "auto"):
+    """Feed ``tokens`` (ending with <end>) through ``step`` for ``rows`` copies of one image, or, given
+    one list of ids per row (equal lengths: pad with <end>), each row its own caption.
 
     ``seed`` set (hard attention): every row samples its own location s_t ~ Multinoulli(α_t).
     Returns log p (R, T), α (R, T, L), β (R, T), locations (R, T) (−1 when not sampled) and the grid.
     """
     model.eval()
     device = next(model.parameters()).device
+    per_row = bool(tokens) and isinstance(tokens[0], list)
+    rows = len(tokens) if per_row else rows
     sample = torch.ones(rows, dtype=torch.bool, device=device) if seed is not None and model.hard else None
     gen = torch.Generator(device).manual_seed(seed) if sample is not None else None
-    target = torch.tensor(tokens, device=device)  # (T,)
+    target = torch.tensor(tokens, device=device).expand(rows, -1)  # (R, T)
     prev = torch.full((rows,), vocab.start_id, device=device)  # (R,)
     logps, alphas, betas, locations = [], [], [], []
     with autocast(device, precision):
         feats, grid = _encode(model, _as_batch(image), device)
         prep, h, c = model.decoder.prepare(feats.expand(rows, -1, -1))  # (R, L, D): rows share the image
-        for t in range(len(tokens)):
+        for t in range(target.shape[1]):
             edit = intervention.editor(t, device) if intervention is not None else None
             out = model.decoder.step(prev, h, c, prep, sample=sample, generator=gen, alpha_edit=edit)
             h, c = out.h, out.c
-            logps.append(_exact_log_probs(model, out, target[t].expand(rows, 1))[:, 0])  # (R,) exact under bf16 too
+            logps.append(_exact_log_probs(model, out, target[:, t : t + 1])[:, 0])  # (R,) exact under bf16 too
             alphas.append(out.alpha.float())  # (R, L)
             betas.append(out.beta.float().reshape(rows))
             locations.append(out.location.reshape(rows))
-            prev = target[t].expand(rows)
+            prev = target[:, t]
     stack = lambda xs: torch.stack(xs, 1).cpu().numpy()  # noqa: E731  (R, T, …)
     return stack(logps), stack(alphas), stack(betas), stack(locations), grid
 
@@ -566,6 +570,37 @@ def score_caption(
                                                    precision=precision)
     return ScoredCaption(words, tokens, logps[0].astype(np.float64), alphas[0], betas[0].astype(np.float64), grid,
                          unknown)
+
+
+@dataclass(frozen=True)
+class ReferenceScore:
+    """The reference caption the model itself scores highest, scored the way beam search ranks."""
+
+    caption: str
+    score: float  # Σ log p / len(tokens incl. <end>) ** length_norm, as Hypothesis.score
+    reachable: int  # references beam search could have produced (known words, within the length cap)
+
+
+def best_reference(
+    model: Captioner, vocab: Vocab, image: torch.Tensor, references: Sequence[str], cfg: DecodeConfig,
+) -> ReferenceScore | None:
+    """Teacher-force every reference beam search could produce (no <unk>, at most ``cfg.max_len`` words)
+    in one batch; None when there is none. A best reference scoring above beam search's caption is a
+    *search error* (the model prefers a reference the search did not find); below it, the caption's
+    mistakes are the model's own."""
+    captions = []
+    for ref in references:
+        ids, _words, unknown = _caption_ids(vocab, ref)
+        if ids and not unknown and len(ids) <= cfg.max_len:
+            captions.append((ref, ids + [vocab.end_id]))
+    if not captions:
+        return None
+    width = max(len(ids) for _, ids in captions)
+    padded = [ids + [vocab.end_id] * (width - len(ids)) for _, ids in captions]  # (R, T), scored up to len
+    logps = _teacher_force(model, vocab, image, padded, precision=cfg.precision)[0]  # (R, T)
+    scores = [float(logps[r, : len(ids)].sum()) / len(ids) ** cfg.length_norm for r, (_, ids) in enumerate(captions)]
+    best = int(np.argmax(scores))
+    return ReferenceScore(captions[best][0], scores[best], len(captions))
 
 
 @dataclass

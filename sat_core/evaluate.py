@@ -36,7 +36,7 @@ from sat_core.io import write_json_atomic
 from sat_core.precision import resolve
 from sat_core.config import DecodeConfig
 from sat_core.data import ImageRecord, KarpathyData, load_karpathy
-from sat_core.decoding import Hypothesis, beam_search, pick_device
+from sat_core.decoding import Hypothesis, ReferenceScore, beam_search, best_reference, pick_device
 from sat_core.errors import DatasetError, ImageError, SatError
 from sat_core.images import CropInfo, load_image, preprocess
 from sat_core.regions import mask_on_alpha_grid
@@ -46,6 +46,10 @@ from sat_core.regions import mask_on_alpha_grid
 NAMING_KINDS = ("shape", "category", "colour", "size")
 WORD_KINDS = ("shape", "category", "colour", "size", "count", "relation", "place", "function")
 
+
+# A reference must beat the caption by more than this (nats per word, after length normalisation) to
+# count as a search error: batched search and teacher forcing differ by float noise.
+SEARCH_MARGIN = 1e-3
 
 Progress = Callable[[int, int], None]  # (images done, images in all)
 
@@ -58,6 +62,8 @@ class Decoded:
     record: ImageRecord
     hypothesis: Hypothesis
     crop: CropInfo
+    reference: ReferenceScore | None = None  # the model's favourite reference (``search_errors``)
+    references_scored: bool = False  # ``search_errors`` asked for (``reference`` None: none reachable)
 
 
 # ---- decoding -------------------------------------------------------------------------------------
@@ -70,10 +76,12 @@ def decode_images(
     *,
     batch_size: int = 32,
     progress: Progress | None = None,
+    search_errors: bool = False,
 ) -> tuple[list[Decoded], list[str]]:
     """Free-running decoding of ``data.images[i]`` for each index, in batches; returns (decoded, skipped).
 
-    ``progress(done, total)`` is called after each batch (a progress bar in the CLI or the app)."""
+    ``progress(done, total)`` is called after each batch (a progress bar in the CLI or the app).
+    ``search_errors``: also score every image's references under the model (``best_reference``)."""
     decoded, skipped = [], []
     for start in range(0, len(indices), batch_size):
         tensors, kept = [], []
@@ -88,8 +96,13 @@ def decode_images(
         if not tensors:
             continue
         beams = beam_search(loaded.model, torch.stack(tensors), loaded.vocab, cfg)  # (B, 3, S, S) -> B lists
-        for (i, crop), hyps in zip(kept, beams):
-            decoded.append(Decoded(i, data.images[i], hyps[0], crop))
+        for (i, crop), hyps, tensor in zip(kept, beams, tensors):
+            record = data.images[i]
+            reference = None
+            if search_errors:
+                refs = [" ".join(s) for s in record.sentences]
+                reference = best_reference(loaded.model, loaded.vocab, tensor, refs, cfg)
+            decoded.append(Decoded(i, record, hyps[0], crop, reference, search_errors))
         if progress is not None:
             progress(min(start + batch_size, len(indices)), len(indices))
     if not decoded:
@@ -169,6 +182,12 @@ def image_record(dec: Decoded, scores: dict[str, float], stats: WordStats) -> tu
         "attention_correctness": None, "alpha_entropy": _mean(entropy),
         "n_objects": None if dec.record.objects is None else len(dec.record.objects),
     }
+    if dec.reference is not None:
+        ref = dec.reference
+        record.update(best_reference={"caption": ref.caption, "score": ref.score, "reachable": ref.reachable},
+                      search_error=ref.caption != hyp.caption and ref.score > hyp.score + SEARCH_MARGIN)
+    elif dec.references_scored:  # no reference beam search could have said (unknown words, too long)
+        record.update(best_reference=None, search_error=None)
     if dec.record.objects is None:
         return record, None
     grounding = ground(hyp.words, dec.record.objects, getattr(dec.record, "place", None))
@@ -236,11 +255,26 @@ def score_decoded(decoded: Sequence[Decoded], *, gated: bool, stats: WordStats,
     return {
         "corpus": report.corpus,
         "grounded": aggregate(groundings) if groundings else {},
+        **({"search": search_summary(records)} if any("search_error" in r for r in records) else {}),
         "attention": attention_summary(decoded, records),
         "beta_by_kind": beta_by_kind(decoded) if gated else {},
         "notes": list(report.notes) + ([] if gated else ["no gate β in this model (hard attention or gate off)"]),
         "records": records,
     }
+
+
+def search_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Search errors against model errors: over the images with a reference beam search could have
+    said, the share where one outscores its caption, overall and per error label of the caption;
+    ``unreachable`` counts the images with none (every reference has unknown words or is too long)."""
+    checked = [r for r in records if r.get("search_error") is not None]
+    by_label: dict[str, dict[str, Any]] = {}
+    for label in sorted({label for r in checked for label in r["errors"]}):
+        having = [r for r in checked if label in r["errors"]]
+        by_label[label] = {"n": len(having), "search_error_rate": _mean([float(r["search_error"]) for r in having])}
+    return {"n": len(checked), "unreachable": sum(r.get("search_error", 0) is None for r in records),
+            "search_error_rate": _mean([float(r["search_error"]) for r in checked]),
+            "by_label": by_label}
 
 
 def word_stats(loaded: LoadedCheckpoint, data: KarpathyData) -> WordStats:
@@ -260,9 +294,11 @@ def evaluate_images(
     meteor: bool = True,
     batch_size: int = 32,
     progress: Progress | None = None,
+    search_errors: bool = False,
 ) -> dict[str, Any]:
     """Decode ``data.images[i]`` for each index and compute every evaluation figure and record."""
-    decoded, skipped = decode_images(loaded, data, indices, cfg, batch_size=batch_size, progress=progress)
+    decoded, skipped = decode_images(loaded, data, indices, cfg, batch_size=batch_size, progress=progress,
+                                     search_errors=search_errors)
     scored = score_decoded(decoded, gated=bool(loaded.model.decoder.gated), stats=word_stats(loaded, data),
                            meteor=meteor)
     precision = resolve(next(loaded.model.parameters()).device, cfg.precision)
@@ -281,11 +317,13 @@ def evaluate(
     meteor: bool = True,
     batch_size: int = 32,
     progress: Progress | None = None,
+    search_errors: bool = False,
 ) -> dict[str, Any]:
     """Decode a split (or its first ``limit`` images) and compute every evaluation figure."""
     indices = _split_indices(data, split, limit)
     return {"split": split, "dataset": str(data.json_path),
-            **evaluate_images(loaded, data, indices, cfg, meteor=meteor, batch_size=batch_size, progress=progress)}
+            **evaluate_images(loaded, data, indices, cfg, meteor=meteor, batch_size=batch_size, progress=progress,
+                              search_errors=search_errors)}
 
 
 def read_records(path: str | Path) -> dict[str, Any]:
@@ -330,6 +368,12 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
                  f"({_fmt(a['entropy_normalised'])} of log L, L={a['regions']}) over {a['n_words']} words")
     if result["beta_by_kind"]:
         lines.append("β by kind: " + "  ".join(f"{k} {v['mean']:.3f}" for k, v in result["beta_by_kind"].items()))
+    search = result.get("search")
+    if search:
+        worst = sorted(search["by_label"].items(), key=lambda kv: -kv[1]["n"])[:4]
+        lines.append(f"search errors (a reference outscores the caption): {_fmt(search['search_error_rate'])} of "
+                     f"{search['n']} images; by label: "
+                     + "  ".join(f"{k} {_fmt(v['search_error_rate'])} (n={v['n']})" for k, v in worst))
     lines += [f"note: {n}" for n in result["notes"]]
     return lines
 
@@ -361,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-meteor", action="store_true", help="skip METEOR (its JVM takes ~12 s to start)")
     p.add_argument("--out", required=True, help="where to write the metrics JSON")
     p.add_argument("--records", help="also write the per-image records to this JSON file")
+    p.add_argument("--search-errors", action="store_true",
+                   help="also score each image's references under the model: a reference scoring above the "
+                        "caption is a search error, else the caption's mistakes are the model's (slower)")
     p.add_argument("--card", action="store_true",
                    help="also write metrics.json, eval_records.json and MODEL_CARD.md into the checkpoint folder")
     return p
@@ -379,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             warnings.simplefilter("always")
             with _progress_bar() as progress:
                 result = evaluate(loaded, data, args.split, cfg, limit=args.limit, meteor=not args.no_meteor,
-                                  batch_size=args.batch_size, progress=progress)
+                                  batch_size=args.batch_size, progress=progress, search_errors=args.search_errors)
         write_json_atomic(args.out, result)
         if args.records:
             write_json_atomic(args.records, result["records"])

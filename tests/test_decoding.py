@@ -371,3 +371,34 @@ def test_session_sync_replays_forced_words_with_few_steps(explorer_env):
     greedy.step()
     greedy.step()
     assert [s.token for s in session.steps] == [s.token for s in greedy.steps]
+
+
+def test_best_reference_scores_each_reference_as_score_caption_does(tiny_model, vocab):
+    from sat_core.decoding import best_reference
+
+    image = _images(1)[0]
+    refs = ["a red circle", "two blue squares left of a star", "a purple circle", "a green star"]
+    cfg = DecodeConfig(max_len=6, length_norm=0.7)
+    best = best_reference(tiny_model, vocab, image, refs, cfg)
+    # "purple" is not in the vocabulary and the second one is over the length cap: beam search can't say them
+    reachable = [r for r in refs if "purple" not in r and len(r.split()) <= 6]
+    scores = {r: score_caption(tiny_model, vocab, image, r).logprob / (len(r.split()) + 1) ** 0.7 for r in reachable}
+    assert best.reachable == 2
+    assert best.caption == max(scores, key=scores.get)
+    assert best.score == pytest.approx(scores[best.caption], abs=1e-4)
+    assert best_reference(tiny_model, vocab, image, ["a purple circle"], cfg) is None
+
+
+def test_the_beams_own_caption_as_reference_scores_what_the_beam_scored(vocab):
+    from sat_core.decoding import best_reference
+
+    model = _peaked_model(vocab)
+    image = _images(1)[0]
+    for length_norm in (0.0, 1.0):
+        cfg = DecodeConfig(beam_size=3, max_len=12, length_norm=length_norm)
+        hyp = beam_search(model, image[None], vocab, cfg)[0][0]
+        own = best_reference(model, vocab, image, [hyp.caption, "a blue star and a green square"], cfg)
+        assert own.reachable == 2
+        assert own.score >= hyp.score - 1e-4  # the beam's caption is among them
+        if own.caption == hyp.caption:
+            assert own.score == pytest.approx(hyp.score, abs=1e-4)

@@ -67,8 +67,37 @@ def test_encoder_gives_a_frozen_14x14_grid_of_the_pretrained_weights(net):
     assert torch.allclose(feats, ref, atol=1e-4)
 
 
+def test_multiscale_annotations_stack_both_stages_on_the_stride_16_grid(net):
+    enc = Encoder(ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=432, vocab_size=10))
+    x = torch.randn(2, 3, 224, 224)
+    feats, grid = enc(x)
+    assert grid == (14, 14) and feats.shape == (2, 196, 432)
+    with torch.inference_mode():
+        fine = net.features(x, 10)  # (2, 112, 14, 14)
+        coarse = net.features(x, 15)  # (2, 320, 7, 7)
+    assert torch.allclose(feats[..., :112], fine.flatten(2).transpose(1, 2), atol=1e-4)
+    # Bilinear upsampling by 2 (half-pixel centres): the cell at (2i+1, 2j+1) is 9/16 of coarse cell
+    # (i, j), 3/16 of each of its right and lower neighbours and 1/16 of the diagonal one.
+    i, j = 2, 4
+    want = (9 * coarse[..., i, j] + 3 * coarse[..., i + 1, j] + 3 * coarse[..., i, j + 1]
+            + coarse[..., i + 1, j + 1]) / 16  # (2, 320)
+    assert torch.allclose(feats[:, (2 * i + 1) * 14 + 2 * j + 1, 112:], want, atol=1e-4)
+
+
+def test_multiscale_is_for_efficientnet_only_and_sets_the_width():
+    from sat_core.config import TrainConfig
+    from sat_core.train import model_config
+
+    with pytest.raises(SatError, match="multiscale annotations need --encoder efficientnet_lite0"):
+        ModelConfig(encoder="small", multiscale=True)
+    cfg = TrainConfig.from_dict({"model": {"encoder": "efficientnet_lite0", "multiscale": True}})
+    assert model_config(cfg, vocab_size=7).feature_dim == 432
+    cfg = TrainConfig.from_dict({"model": {"encoder": "efficientnet_lite0"}})
+    assert model_config(cfg, vocab_size=7).feature_dim == 112
+
+
 def test_encoder_refuses_a_width_no_stage_has():
-    with pytest.raises(SatError, match="112 or 320"):
+    with pytest.raises(SatError, match="112, 320 or 432"):
         Encoder(ModelConfig(encoder="efficientnet_lite0", feature_dim=96, vocab_size=10))
 
 

@@ -255,3 +255,42 @@ def test_cli_user_errors_exit_2(checkpoint, world_data, tmp_path, capsys, change
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "m.json").exists()
+
+
+def test_search_errors_compare_the_best_reference_with_the_caption(checkpoint, world_data):
+    from sat_core.evaluate import SEARCH_MARGIN
+
+    loaded = load_checkpoint(checkpoint)
+    plain = evaluate(loaded, world_data[2], "test", CFG, meteor=False)
+    checked = evaluate(loaded, world_data[2], "test", CFG, meteor=False, search_errors=True)
+    assert "search" not in plain and "search_error" not in plain["records"][0]
+    assert [r["caption"] for r in checked["records"]] == [r["caption"] for r in plain["records"]]
+    flags = []
+    for rec in checked["records"]:
+        ref = rec["best_reference"]
+        if ref is None:  # every reference has a word the vocabulary lacks or is over max_len
+            assert rec["search_error"] is None
+            continue
+        assert ref["caption"] in rec["references"] and 1 <= ref["reachable"] <= len(rec["references"])
+        # recompute the caption's own score from its logprob and length (its tokens plus <end>)
+        own = rec["logprob"] / (len(rec["tokens"]) + rec["finished"]) ** CFG.length_norm
+        assert rec["search_error"] == (ref["caption"] != rec["caption"] and ref["score"] > own + SEARCH_MARGIN)
+        flags.append(rec["search_error"])
+    search = checked["search"]
+    assert flags and search["n"] == len(flags)
+    assert search["unreachable"] == len(checked["records"]) - len(flags)
+    assert search["search_error_rate"] == pytest.approx(sum(flags) / len(flags))
+    for label, row in search["by_label"].items():
+        having = [r["search_error"] for r in checked["records"] if label in r["errors"] and r["best_reference"]]
+        assert row["n"] == len(having) and row["search_error_rate"] == pytest.approx(sum(having) / len(having))
+
+
+def test_cli_prints_the_search_error_summary(checkpoint, world_data, tmp_path, capsys):
+    root, path, _ = world_data
+    out = tmp_path / "m.json"
+    code = main(["--checkpoint", str(checkpoint), "--data", str(path), "--images", str(root), "--split", "test",
+                 "--limit", "4", "--no-meteor", "--device", "cpu", "--search-errors", "--out", str(out)])
+    assert code == 0
+    search = json.loads(out.read_text())["search"]
+    assert search["n"] + search["unreachable"] == 4
+    assert "search errors (a reference outscores the caption)" in capsys.readouterr().out

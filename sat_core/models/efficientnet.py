@@ -27,6 +27,8 @@ BN_EPS = 1e-3
 MEAN = STD = (0.5, 0.5, 0.5)
 # Where annotation grids can be tapped: output channels -> (index of the last block, stride).
 TAPS = {112: (10, 16), 320: (15, 32)}
+# Both stages at once: the stride-32 map upsampled onto the stride-16 grid, 112 + 320 channels per cell.
+MULTISCALE_DIM = 432
 
 
 class SameConv(nn.Conv2d):

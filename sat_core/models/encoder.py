@@ -4,7 +4,8 @@
 (conv5_4 before the last pool: 14×14×512 at 224 px); ``resnet101`` reports its true 7×7×2048 grid at
 224 px (never upsampled); resnet18/34/50/152 are there for converted checkpoints (sat_core.convert).
 ``efficientnet_lite0`` (models/efficientnet.py) taps the stride-16 stage: 14×14×112 at 224 px (or,
-with feature_dim 320, the stride-32 stage: 14×14 at 448 px).
+with feature_dim 320, the stride-32 stage: 14×14 at 448 px; with 432, ``multiscale``, both stages on the
+stride-16 grid).
 ``pool_grid`` > 0 average-pools the grid to a fixed side, as sgrvinod's tutorial does (14×14).
 torchvision's pretrained ImageNet weights come from the torch cache (downloaded there when the machine
 can reach download.pytorch.org) or from a local file (``load_torchvision_weights``, the trainer's
@@ -143,23 +144,35 @@ def load_torchvision_weights(encoder: "Encoder", name: str, path: Path) -> None:
 
 class EfficientNetTap(nn.Module):
     """EfficientNet-Lite0 up to the stage whose width is ``channels`` (efficientnet.TAPS), run in
-    channels-last layout (about 1.8× faster on CPU for its depthwise convolutions)."""
+    channels-last layout (about 1.8× faster on CPU for its depthwise convolutions). ``channels`` =
+    MULTISCALE_DIM taps both: the stride-16 map with the stride-32 map, upsampled bilinearly onto its
+    grid, stacked on each cell (hypercolumns: where the object is, from stride 16; what it is and how
+    many there are, from stride 32, whose features tell categories apart much better)."""
 
     def __init__(self, channels: int, pretrained: bool) -> None:
         super().__init__()
         from sat_core.models import efficientnet
 
-        if channels not in efficientnet.TAPS:
-            raise SatError(f"efficientnet_lite0 gives feature_dim {' or '.join(map(str, efficientnet.TAPS))}, "
-                           f"not {channels}.")
-        self.upto, self.stride = efficientnet.TAPS[channels]
+        widths = (*efficientnet.TAPS, efficientnet.MULTISCALE_DIM)
+        if channels not in widths:
+            raise SatError(f"efficientnet_lite0 gives feature_dim {', '.join(map(str, widths[:-1]))} or "
+                           f"{widths[-1]}, not {channels}.")
+        self.multiscale = channels == efficientnet.MULTISCALE_DIM
+        self.upto, self.stride = efficientnet.TAPS[112] if self.multiscale else efficientnet.TAPS[channels]
         net = efficientnet.efficientnet_lite0(pretrained=pretrained)
         del net._conv_head, net._bn1, net._fc  # never used for annotations
         self.net = net.to(memory_format=torch.channels_last)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous(memory_format=torch.channels_last)
-        return self.net.features(x, self.upto)  # (B, D, H/stride, W/stride)
+        fine = self.net.features(x, self.upto)  # (B, D, H/stride, W/stride)
+        if not self.multiscale:
+            return fine
+        coarse = fine
+        for block in self.net._blocks[self.upto + 1:]:
+            coarse = block(coarse)  # (B, 320, H/32, W/32)
+        coarse = nn.functional.interpolate(coarse, size=fine.shape[2:], mode="bilinear", align_corners=False)
+        return torch.cat([fine, coarse], dim=1)  # (B, 432, H/16, W/16)
 
 
 class Encoder(nn.Module):
