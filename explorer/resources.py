@@ -274,7 +274,7 @@ def compute_records(ckpt: str, loaded: LoadedCheckpoint, gallery: Gallery, cfg: 
     """``sat_core.evaluate`` over every image of the gallery, written to the on-disk cache."""
     from sat_core.evaluate import evaluate
 
-    out = evaluate(loaded, gallery.data, gallery.source.split, cfg, meteor=False, progress=progress)
+    out = evaluate(loaded, gallery.data, gallery.source.split, cfg, meteor=False, progress=progress, search_errors=True)
     out["source"] = f"computed over {out['n_images']} images of {gallery.note} (beam {cfg.beam_size})"
     try:
         write_json_atomic(_records_cache(ckpt, gallery.source, cfg), out)

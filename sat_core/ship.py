@@ -93,7 +93,7 @@ def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage
     loaded = ckpt.load_checkpoint(target if repackage else Path(cfg.out) / "best")
     data = load_karpathy(cfg.data.dataset, cfg.data.images)
     decode = dataclasses.replace(cfg.val, beam_size=beam)  # the preset's val settings, at the ship's beam
-    result = evaluate(loaded, data, "test", decode)
+    result = evaluate(loaded, data, "test", decode, search_errors=True)
     summary = ((loaded.metrics or {}).get("training") if repackage else
                {**training_summary(Path(cfg.out)), "encoder_minutes": _encoder_minutes(cfg)})
     if not summary:

@@ -23,6 +23,7 @@ def records_table(records: list[dict], gallery: Gallery | None) -> pd.DataFrame:
         record = gallery.by_id.get(r["image_id"]) if gallery is not None else None
         return res.thumbnail(str(record.path)) if record is not None else ""
 
+    searched = any("search_error" in r for r in records)  # evaluated with search_errors
     return pd.DataFrame([{
         "image": thumb(r),
         "file": r.get("filename", ""),
@@ -34,8 +35,17 @@ def records_table(records: list[dict], gallery: Gallery | None) -> pd.DataFrame:
         "first wrong word": _first_wrong(r),
         "attention correctness": r.get("attention_correctness"),
         "objects": r.get("n_objects"),
+        **({"search error": _search_cell(r)} if searched else {}),
         "references": " | ".join(r.get("references") or []),
     } for r in records])
+
+
+def _search_cell(record: dict) -> str:
+    """yes: a reference outscores the caption under the model (a search error); no: the mistakes are the model's."""
+    flag = record.get("search_error")
+    if flag is None:
+        return "—"
+    return f"yes: {record['best_reference']['caption']}" if flag else "no"
 
 
 SCORES = ("CIDEr", "BLEU-4", "attention correctness", "attention_correctness")  # shown to three decimals
@@ -82,6 +92,8 @@ def draw_summaries(data: dict) -> None:
     figures = [("CIDEr", corpus.get("CIDEr")), ("BLEU-4", corpus.get("BLEU-4")), ("ROUGE-L", corpus.get("ROUGE-L")),
                ("grounded precision", grounded.get("precision")), ("grounded recall", grounded.get("recall")),
                ("attention correctness", attention.get("correctness"))]
+    if data.get("search"):
+        figures.append(("search errors", data["search"].get("search_error_rate")))
     for col, (label, value) in zip(st.columns(len(figures)), figures):
         col.metric(label, "—" if value is None else f"{value:.3f}")
 
@@ -157,7 +169,10 @@ def main() -> None:
         "falls on the one object the word was matched to; compare it with the uniform baseline, that object's "
         "share of the image. An image's figure averages its shape, category, colour and size words (the kinds marked "
         "*in_attention_correctness*); words matched to several objects (plurals) are left out. The same "
-        "records as `python -m sat_core.evaluate --records`."))
+        "records as `python -m sat_core.evaluate --records`. *search error*: *yes* when the model itself scores "
+        "one of the references (shown) higher than the caption beam search returned, so a better search "
+        "would have helped; *no* when it prefers its own caption to every reference, so the caption's "
+        "mistakes are the model's (`--search-errors`)."))
 
 
 main()

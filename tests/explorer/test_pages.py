@@ -33,7 +33,7 @@ def _evaluated_gallery(env, at):
 
     data = load_karpathy(env.world / "dataset.json", env.world)
     cfg = DecodeConfig(beam_size=at.sidebar.slider(key="beam").value, max_len=at.sidebar.slider(key="maxlen").value)
-    return evaluate_images(env.checkpoint("soft"), data, data.split("test"), cfg, meteor=False)
+    return evaluate_images(env.checkpoint("soft"), data, data.split("test"), cfg, meteor=False, search_errors=True)
 
 
 def test_error_analysis_shows_evaluates_records(explorer_env):
@@ -48,12 +48,16 @@ def test_error_analysis_shows_evaluates_records(explorer_env):
         record = by_id[row["image_id"]]
         assert row["caption"] == record["caption"] and row["CIDEr"] == record["scores"]["CIDEr"]
         assert row["errors"] == (", ".join(record["errors"]) or "—") and row["objects"] == record["n_objects"]
+        search = record["search_error"]
+        assert row["search error"] == ("—" if search is None else
+                                       f"yes: {record['best_reference']['caption']}" if search else "no")
         correctness = row["attention correctness"]
         assert (np.isnan(correctness) if record["attention_correctness"] is None
                 else correctness == record["attention_correctness"])
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["CIDEr"] == f"{expected['corpus']['CIDEr']:.3f}"
     assert metrics["grounded precision"] == f"{expected['grounded']['precision']:.3f}"
+    assert metrics["search errors"] == f"{expected['search']['search_error_rate']:.3f}"
     kinds = at.dataframe[2].value if len(at.dataframe) > 2 else None
     rows = word_type_correctness(expected["records"])
     assert (kinds is None and not rows) or list(kinds["words"]) == [r["words"] for r in rows]
@@ -136,6 +140,7 @@ def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkey
         assert shown.loc[r["image_id"], "errors"] == ("wrong_count" if k else "—")
         assert shown.loc[r["image_id"], "objects"] == r["n_objects"]
         assert shown.loc[r["image_id"], "file"] == r["filename"]
+    assert "search error" not in table  # records evaluated without --search-errors: no such column
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["grounded precision"] == "0.500"
     assert metrics["CIDEr"] == f"{result['corpus']['CIDEr']:.3f}"
