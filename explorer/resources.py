@@ -258,7 +258,7 @@ def stored_records(loaded: LoadedCheckpoint, gallery: Gallery) -> dict[str, Any]
     names = {(r["image_id"], r.get("filename")) for r in doc["records"]}
     if names != {(i, gallery.name(i)) for i in gallery.ids}:
         return None  # records of another dataset or split
-    for key in ("corpus", "grounded", "attention"):
+    for key in ("corpus", "grounded", "attention", "search"):  # "search": evaluated with search_errors
         doc.setdefault(key, (loaded.metrics or {}).get(key, {}))
     doc["source"] = f"{path} (stored with the checkpoint)"
     return doc

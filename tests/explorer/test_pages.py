@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 
 from sat_core.config import DecodeConfig
 from sat_core.images import load_image, preprocess
@@ -112,7 +113,8 @@ def test_display_settings_change_the_drawn_map_not_the_hover_values(explorer_env
     assert any(m.value.startswith("**Coverage Σ_t α_t over the first 1 steps**") for m in at.markdown)
 
 
-def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkeypatch):
+@pytest.mark.parametrize("searched", [False, True])
+def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkeypatch, searched):
     """A shipped checkpoint's eval_records.json (as sat_core.ship writes it) with figures from metrics.json."""
     import json
     import shutil
@@ -124,12 +126,14 @@ def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkey
     shutil.copytree(explorer_env.roots / "tiny-soft", folder)
     data = load_karpathy(explorer_env.world / "dataset.json", explorer_env.world)
     result = evaluate(explorer_env.checkpoint("soft"), data, "test", DecodeConfig(beam_size=1, max_len=6),
-                      meteor=False)  # every test image: records of the gallery's split
+                      meteor=False, search_errors=searched)  # every test image: records of the gallery's split
     records = result.pop("records")
     for k, record in enumerate(records):  # captions the app cannot have decoded itself
         record.update(caption=f"stored caption {record['image_id']}", errors=["wrong_count"] if k else [])
     (folder / "eval_records.json").write_text(json.dumps({"split": "test", "beam": 1, "records": records}))
     result["grounded"]["precision"] = 0.5
+    if searched:
+        result["search"]["search_error_rate"] = 0.25
     (folder / "metrics.json").write_text(json.dumps(result))
     monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
     at = open_page("errors", {"ckpt": "evaluated"})
@@ -140,8 +144,9 @@ def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkey
         assert shown.loc[r["image_id"], "errors"] == ("wrong_count" if k else "—")
         assert shown.loc[r["image_id"], "objects"] == r["n_objects"]
         assert shown.loc[r["image_id"], "file"] == r["filename"]
-    assert "search error" not in table  # records evaluated without --search-errors: no such column
+    assert ("search error" in table) == searched  # only records evaluated with --search-errors have it
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["grounded precision"] == "0.500"
+    assert metrics.get("search errors") == ("0.250" if searched else None)
     assert metrics["CIDEr"] == f"{result['corpus']['CIDEr']:.3f}"
     assert any("eval_records.json" in c.value for c in at.caption)
