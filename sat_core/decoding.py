@@ -581,6 +581,14 @@ class ReferenceScore:
     reachable: int  # references beam search could have produced (known words, within the length cap)
 
 
+def check_search_errors(model: Captioner, cfg: DecodeConfig) -> None:
+    """Raise SatError when ``best_reference`` cannot judge ``cfg``'s captions (hard attention, sampled)."""
+    if model.hard and cfg.hard_mode == "sample":
+        raise SatError("Search errors compare the caption's score with the references' under the expectation α; "
+                       "a caption decoded with sampled locations has no such score. Decode with hard_mode expect "
+                       "(--hard-mode expect) to check search errors.")
+
+
 def best_reference(
     model: Captioner, vocab: Vocab, image: torch.Tensor, references: Sequence[str], cfg: DecodeConfig,
 ) -> ReferenceScore | None:
@@ -588,6 +596,7 @@ def best_reference(
     in one batch; None when there is none. A best reference scoring above beam search's caption is a
     *search error* (the model prefers a reference the search did not find); below it, the caption's
     mistakes are the model's own."""
+    check_search_errors(model, cfg)
     captions = []
     for ref in references:
         ids, _words, unknown = _caption_ids(vocab, ref)

@@ -36,7 +36,8 @@ from sat_core.io import write_json_atomic
 from sat_core.precision import resolve
 from sat_core.config import DecodeConfig
 from sat_core.data import ImageRecord, KarpathyData, load_karpathy
-from sat_core.decoding import Hypothesis, ReferenceScore, beam_search, best_reference, pick_device
+from sat_core.decoding import (Hypothesis, ReferenceScore, beam_search, best_reference, check_search_errors,
+                               pick_device)
 from sat_core.errors import DatasetError, ImageError, SatError
 from sat_core.images import CropInfo, load_image, preprocess
 from sat_core.regions import mask_on_alpha_grid
@@ -82,6 +83,8 @@ def decode_images(
 
     ``progress(done, total)`` is called after each batch (a progress bar in the CLI or the app).
     ``search_errors``: also score every image's references under the model (``best_reference``)."""
+    if search_errors:
+        check_search_errors(loaded.model, cfg)  # before any image is decoded
     decoded, skipped = [], []
     for start in range(0, len(indices), batch_size):
         tensors, kept = [], []

@@ -402,3 +402,13 @@ def test_the_beams_own_caption_as_reference_scores_what_the_beam_scored(vocab):
         assert own.score >= hyp.score - 1e-4  # the beam's caption is among them
         if own.caption == hyp.caption:
             assert own.score == pytest.approx(hyp.score, abs=1e-4)
+
+
+def test_search_errors_need_the_expectation_for_hard_attention(vocab):
+    from sat_core.decoding import best_reference
+
+    torch.manual_seed(0)
+    model = Captioner(tiny_config(len(vocab), attention="hard")).eval()
+    with pytest.raises(SatError, match="hard_mode expect"):
+        best_reference(model, vocab, _images(1)[0], ["a red circle"], DecodeConfig(hard_mode="sample"))
+    assert best_reference(model, vocab, _images(1)[0], ["a red circle"], DecodeConfig()).reachable == 1

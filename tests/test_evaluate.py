@@ -294,3 +294,13 @@ def test_cli_prints_the_search_error_summary(checkpoint, world_data, tmp_path, c
     search = json.loads(out.read_text())["search"]
     assert search["n"] + search["unreachable"] == 4
     assert "search errors (a reference outscores the caption)" in capsys.readouterr().out
+
+
+def test_cli_refuses_search_errors_for_sampled_hard_captions(checkpoint, world_data, tmp_path, capsys):
+    root, path, _ = world_data
+    argv = ["--checkpoint", str(checkpoint), "--data", str(path), "--images", str(root), "--limit", "2",
+            "--no-meteor", "--search-errors", "--hard-mode", "sample", "--out", str(tmp_path / "m.json")]
+    hard = load_checkpoint(checkpoint).model.hard
+    assert main(argv) == (2 if hard else 0)
+    assert ("hard_mode expect" in capsys.readouterr().err) == hard
+    assert (tmp_path / "m.json").exists() != hard
