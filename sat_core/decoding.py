@@ -335,8 +335,19 @@ def _add_unfinished(ends, active, scores, words, trace, K) -> None:
                 ends[image].append((t, row, int(words[b * K + k]), float(scores[b, k]), False))
 
 
-def _as_batch(image: torch.Tensor) -> torch.Tensor:
+def _as_batch(image: torch.Tensor | Annotations) -> torch.Tensor | Annotations:
+    if isinstance(image, Annotations):  # already encoded (encode_images)
+        return image
     return image.unsqueeze(0) if image.dim() == 3 else image  # (1, 3, H, W)
+
+
+@torch.no_grad()
+def encode_images(model: Captioner, images: torch.Tensor, precision: str = "auto") -> Annotations:
+    """The annotations (B, L, D) that ``beam_search`` and ``best_reference`` would compute from ``images``
+    (B, 3, H, W), for a caller that gives the same images to both: the encoder runs once."""
+    device = next(model.parameters()).device
+    with autocast(device, precision):
+        return _encode(model, images, device)
 
 
 @dataclass
@@ -590,9 +601,11 @@ def check_search_errors(model: Captioner, cfg: DecodeConfig) -> None:
 
 
 def best_reference(
-    model: Captioner, vocab: Vocab, image: torch.Tensor, references: Sequence[str], cfg: DecodeConfig,
+    model: Captioner, vocab: Vocab, image: torch.Tensor | Annotations, references: Sequence[str],
+    cfg: DecodeConfig,
 ) -> ReferenceScore | None:
-    """Teacher-force every reference beam search could produce (no <unk>, at most ``cfg.max_len`` words)
+    """Teacher-force every reference beam search could produce (no <unk>; with its <end>, at most
+    ``cfg.max_len`` tokens, the search's step cap)
     in one batch; None when there is none. A best reference scoring above beam search's caption is a
     *search error* (the model prefers a reference the search did not find); below it, the caption's
     mistakes are the model's own."""
@@ -600,7 +613,7 @@ def best_reference(
     captions = []
     for ref in references:
         ids, _words, unknown = _caption_ids(vocab, ref)
-        if ids and not unknown and len(ids) <= cfg.max_len:
+        if ids and not unknown and len(ids) < cfg.max_len:
             captions.append((ref, ids + [vocab.end_id]))
     if not captions:
         return None

@@ -37,9 +37,10 @@ from sat_core.precision import resolve
 from sat_core.config import DecodeConfig
 from sat_core.data import ImageRecord, KarpathyData, load_karpathy
 from sat_core.decoding import (Hypothesis, ReferenceScore, beam_search, best_reference, check_search_errors,
-                               pick_device)
+                               encode_images, pick_device)
 from sat_core.errors import DatasetError, ImageError, SatError
 from sat_core.images import CropInfo, load_image, preprocess
+from sat_core.models.encoder import Annotations
 from sat_core.regions import mask_on_alpha_grid
 
 # Words that name an object (attention correctness); count words ("a", "two") are left out:
@@ -98,13 +99,17 @@ def decode_images(
             kept.append((i, crop))
         if not tensors:
             continue
-        beams = beam_search(loaded.model, torch.stack(tensors), loaded.vocab, cfg)  # (B, 3, S, S) -> B lists
-        for (i, crop), hyps, tensor in zip(kept, beams, tensors):
+        images = torch.stack(tensors)  # (B, 3, S, S)
+        # With search_errors the references are scored on the same annotations: encode once.
+        inputs = encode_images(loaded.model, images, cfg.precision) if search_errors else images
+        beams = beam_search(loaded.model, inputs, loaded.vocab, cfg)  # B lists of hypotheses
+        for b, ((i, crop), hyps) in enumerate(zip(kept, beams)):
             record = data.images[i]
             reference = None
             if search_errors:
                 refs = [" ".join(s) for s in record.sentences]
-                reference = best_reference(loaded.model, loaded.vocab, tensor, refs, cfg)
+                one = Annotations(inputs.feats[b : b + 1], inputs.grid)  # (1, L, D)
+                reference = best_reference(loaded.model, loaded.vocab, one, refs, cfg)
             decoded.append(Decoded(i, record, hyps[0], crop, reference, search_errors))
         if progress is not None:
             progress(min(start + batch_size, len(indices)), len(indices))

@@ -412,3 +412,17 @@ def test_search_errors_need_the_expectation_for_hard_attention(vocab):
     with pytest.raises(SatError, match="hard_mode expect"):
         best_reference(model, vocab, _images(1)[0], ["a red circle"], DecodeConfig(hard_mode="sample"))
     assert best_reference(model, vocab, _images(1)[0], ["a red circle"], DecodeConfig()).reachable == 1
+
+
+def test_a_reference_as_long_as_the_step_cap_is_unreachable_and_scoring_reuses_annotations(tiny_model, vocab):
+    from sat_core.decoding import best_reference, encode_images
+
+    image = _images(1)[0]
+    cfg = DecodeConfig(max_len=4)  # four steps: at most three words and <end>
+    assert all(len(h.words) <= 3 for h in beam_search(tiny_model, image[None], vocab, cfg)[0] if h.finished)
+    assert best_reference(tiny_model, vocab, image, ["a red circle and"], cfg) is None  # four words
+    from_image = best_reference(tiny_model, vocab, image, ["a red circle and", "a red circle"], cfg)
+    assert from_image.reachable == 1 and from_image.caption == "a red circle"
+    encoded = encode_images(tiny_model, image[None], cfg.precision)
+    from_annotations = best_reference(tiny_model, vocab, encoded, ["a red circle"], cfg)
+    assert from_annotations.score == pytest.approx(from_image.score, abs=1e-5)
