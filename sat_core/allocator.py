@@ -1,0 +1,39 @@
+"""Keep freed memory in the process, so that large tensors do not page-fault on every allocation.
+
+glibc's malloc serves blocks over its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and hands
+them back with ``munmap`` when freed, so the next activation of that size faults in every page again.
+The encoder's activations at batch 64 are ~100 MB each: measured on this project's 2-core CPU
+(EfficientNet-Lite0 to its stride-16 stage, 224 px, chunks of 64, fp32, 2026-11-23), 61.9 ms per image
+with 7.7 M page faults per 256 images against 16.5 ms and none once freed memory is kept. Feature caching
+before training, evaluation and the benchmarks all encode in such batches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+# mallopt parameters, from glibc's <malloc.h>.
+M_TRIM_THRESHOLD = -1
+M_MMAP_MAX = -4
+_TRIM_NEVER = 2**31 - 1  # bytes of free heap top that trigger a trim: never in practice
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc malloc never to mmap blocks (use the heap) and not to trim the heap's top.
+
+    The resident size then stays at its peak instead of shrinking after each batch. Returns whether the
+    settings were applied: False off Linux or with a C library other than glibc, where nothing changes.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False  # musl and others: no glibc mallopt
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, _TRIM_NEVER))
+
+
+KEPT = keep_freed_memory()
