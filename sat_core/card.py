@@ -56,7 +56,9 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
     lines += [
         "", "## Model",
         f"- Encoder: {model.get('encoder', '?')} ({'fine-tuned' if model.get('finetune_encoder') else 'frozen'}); "
-        f"annotations of {model.get('feature_dim', '?')} dimensions at {config.get('preprocess', {}).get('image_size', '?')} px.",
+        f"annotations of {model.get('feature_dim', '?')} dimensions"
+        f"{' plus each cell’s (x, y) position' if model.get('position') else ''} at "
+        f"{config.get('preprocess', {}).get('image_size', '?')} px.",
         f"- Decoder: LSTM {model.get('hidden_dim', '?')}, embedding {model.get('embed_dim', '?')}, attention MLP "
         f"{model.get('attn_dim', '?')}, vocabulary {model.get('vocab_size', '?')} words, gate β "
         f"{'on' if model.get('gate') and model.get('attention') == 'soft' else 'off'}.",

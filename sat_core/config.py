@@ -167,6 +167,8 @@ class ModelConfig(Config):
     feature_dim: int = option(96, "D, set from the encoder", low=1, derived=True)
     multiscale: bool = option(False, "efficientnet_lite0: each 14×14 annotation also holds the stride-32 stage "
                               "(upsampled), D = 112 + 320 = 432")
+    position: bool = option(False, "append each cell's (x, y) centre, from −1 to 1, to its annotation (D + 2): "
+                            "ẑ_t then says where α looks, so 'left of' and 'right of' can be learnt")
     vocab_size: int = option(0, "K, set from the vocabulary", low=0, derived=True)
     embed_dim: int = option(64, "m, word embedding size", low=1)
     hidden_dim: int = option(256, "n, LSTM size", low=1)
@@ -186,6 +188,11 @@ class ModelConfig(Config):
                                        choices=("tanh", "relu"))
     init_activation: str = option("tanh", "nonlinearity of f_init,h and f_init,c", choices=("tanh", "none"))
     hard: HardAttentionConfig = section(HardAttentionConfig, "hard attention's estimator", prefix="hard_")
+
+    @property
+    def annotation_dim(self) -> int:
+        """What the decoder reads per cell: the encoder's D, plus the cell's (x, y) with ``position``."""
+        return self.feature_dim + 2 * self.position
 
     def validate(self) -> None:
         if self.dropout >= 1:

@@ -239,3 +239,49 @@ def test_attention_gradients_match_plain_autograd(activation, k):
     for ours, ref in zip(*grads):
         assert ours.abs().max() > 0
         assert torch.allclose(ours, ref, atol=1e-5), (ours - ref).abs().max()
+
+
+# ---- position channels (ModelConfig.position) -----------------------------------------------------
+
+def test_cell_positions_run_left_to_right_and_top_to_bottom():
+    from sat_core.models.encoder import cell_positions
+
+    where = cell_positions(3, 4)  # (12, 2) row-major
+    assert where.shape == (12, 2)
+    assert torch.allclose(where[:4, 0], torch.tensor([-1.0, -1 / 3, 1 / 3, 1.0]))  # x along the first row
+    assert torch.equal(where[:4, 1], torch.full((4,), -1.0))  # the top row
+    assert torch.equal(where[-1], torch.tensor([1.0, 1.0]))  # bottom-right cell
+    assert torch.equal(where[4:8, 1], torch.zeros(4))  # the middle row
+
+
+def test_position_appends_each_cells_coordinates_to_the_same_annotations(vocab):
+    torch.manual_seed(0)
+    plain = Captioner(tiny_config(len(vocab))).eval()
+    placed = Captioner(tiny_config(len(vocab), position=True)).eval()
+    placed.encoder.load_state_dict(plain.encoder.state_dict())
+    images = torch.rand(2, 3, 64, 64)
+    a, b = plain.encode(images), placed.encode(images)
+    assert b.grid == a.grid == (8, 8)
+    assert b.feats.shape == (2, 64, 16 + 2)  # (B, L, D + 2)
+    assert torch.equal(b.feats[..., :16], a.feats)
+    assert torch.equal(b.feats[0, 9, 16:], torch.tensor([-1 + 2 / 7, -1 + 2 / 7]))  # row 1, column 1
+    # The decoder reads D + 2 per cell, and its context of a one-hot α is that cell's position too.
+    assert placed.decoder.lstm.input_size == 16 + 16 + 2 and placed.config.annotation_dim == 18
+    alpha = torch.zeros(2, 64)
+    alpha[:, 63] = 1
+    context, _, _ = attend(b.feats, alpha)
+    assert torch.equal(context[:, 16:], torch.ones(2, 2))
+
+
+def test_position_round_trips_through_a_checkpoint(tmp_path, vocab):
+    from sat_core.checkpoint import load_checkpoint, save_checkpoint
+    from sat_core.config import PreprocessConfig
+
+    torch.manual_seed(0)
+    model = Captioner(tiny_config(len(vocab), position=True)).eval()
+    out = save_checkpoint(tmp_path / "c", model, model_config=model.config, vocab=vocab,
+                          preprocess=PreprocessConfig(image_size=64))
+    loaded = load_checkpoint(out)
+    assert loaded.model_config.position is True
+    images = torch.rand(1, 3, 64, 64)
+    assert torch.equal(loaded.model.encode(images).feats, model.encode(images).feats)

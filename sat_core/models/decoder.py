@@ -53,7 +53,7 @@ class StepOut:
 class Decoder(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        D, n, m, K = config.feature_dim, config.hidden_dim, config.embed_dim, config.vocab_size
+        D, n, m, K = config.annotation_dim, config.hidden_dim, config.embed_dim, config.vocab_size
         self.hard = config.attention == "hard"
         # The paper introduces β with soft attention; hard attention's ẑ_t is one region, ungated.
         self.gated = config.gate and not self.hard
