@@ -11,6 +11,7 @@ before training, evaluation and the benchmarks all encode in such batches.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 # mallopt parameters, from glibc's <malloc.h>.
@@ -23,9 +24,10 @@ def keep_freed_memory() -> bool:
     """Ask glibc malloc never to mmap blocks (use the heap) and not to trim the heap's top.
 
     The resident size then stays at its peak instead of shrinking after each batch. Returns whether the
-    settings were applied: False off Linux or with a C library other than glibc, where nothing changes.
+    settings were applied: False off Linux, with a C library other than glibc, or with the environment
+    variable SAT_KEEP_FREED_MEMORY=0 (glibc's defaults, for comparison), where nothing changes.
     """
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or os.environ.get("SAT_KEEP_FREED_MEMORY", "1") == "0":
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")

@@ -28,3 +28,14 @@ def test_encoder_passes_reuse_freed_pages():
 
 def test_keep_freed_memory_is_idempotent():
     assert allocator.keep_freed_memory() == allocator.KEPT
+
+
+def test_environment_can_keep_glibcs_defaults():
+    import os
+    import subprocess
+    import sys
+
+    code = "import sat_core.allocator as a; print(a.KEPT)"
+    env = {**os.environ, "SAT_KEEP_FREED_MEMORY": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
