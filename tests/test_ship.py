@@ -32,3 +32,11 @@ def test_every_name_has_a_preset_of_its_world():
         scenes = name.startswith("scenes_")
         assert cfg.model.encoder == ("efficientnet_lite0" if scenes else "small")
         assert cfg.data.dataset.startswith("data/scenes/" if scenes else "data/world/")
+
+
+def test_scenes_card_names_the_annotations_the_preset_trains_on():
+    model = {"encoder": "efficientnet_lite0", "feature_dim": 112}
+    plain = ship._scenes_encoder(TrainConfig.from_dict({"model": model}))
+    placed = ship._scenes_encoder(TrainConfig.from_dict({"model": {**model, "position": True}}))
+    assert plain.endswith("stride-16 stage → 14×14×112 annotations at 224 px.")
+    assert placed.endswith("14×14×112 annotations, each with its cell's (x, y) position at 224 px.")
