@@ -4,7 +4,7 @@ glibc's malloc serves blocks over its mmap threshold (at most 32 MiB) with a fre
 them back with ``munmap`` when freed, so the next activation of that size faults in every page again.
 The encoder's activations at batch 64 are ~100 MB each: measured on this project's 2-core CPU
 (EfficientNet-Lite0 to its stride-16 stage, 224 px, chunks of 64, fp32, 2026-11-23), 61.9 ms per image
-with 7.7 M page faults per 256 images against 16.5 ms and none once freed memory is kept. Feature caching
+with 7.7 M page faults per 256 images against 12.2 ms and none once freed memory is kept. Feature caching
 before training, evaluation and the benchmarks all encode in such batches.
 """
 
@@ -17,7 +17,7 @@ import sys
 # mallopt parameters, from glibc's <malloc.h>.
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
-_TRIM_NEVER = 2**31 - 1  # bytes of free heap top that trigger a trim: never in practice
+_TRIM_NEVER = 2**31 - 1  # trim only when 2 GiB lie free at the heap's top (mallopt takes an int)
 
 
 def keep_freed_memory() -> bool:
