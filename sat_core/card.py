@@ -61,7 +61,9 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
         f"{config.get('preprocess', {}).get('image_size', '?')} px.",
         f"- Decoder: LSTM {model.get('hidden_dim', '?')}, embedding {model.get('embed_dim', '?')}, attention MLP "
         f"{model.get('attn_dim', '?')}, vocabulary {model.get('vocab_size', '?')} words, gate β "
-        f"{'on' if model.get('gate') and model.get('attention') == 'soft' else 'off'}.",
+        f"{'on' if model.get('gate') and model.get('attention') == 'soft' else 'off'}; (h_0, c_0) from "
+        + (f"a {model['init_cells']}-wide per-cell layer, summed and layer-normalised (so it can count)."
+           if model.get("init_cells") else "the mean annotation."),
     ]
     if training.get("dataset"):
         lines += ["", "## Training", f"- Data: `{training['dataset']}`; epoch {training.get('epoch', '?')}, "

@@ -167,8 +167,13 @@ class ModelConfig(Config):
     feature_dim: int = option(96, "D, set from the encoder", low=1, derived=True)
     multiscale: bool = option(False, "efficientnet_lite0: each 14×14 annotation also holds the stride-32 stage "
                               "(upsampled), D = 112 + 320 = 432")
+    coarse: bool = option(False, "efficientnet_lite0: annotations from the stride-32 stage (D = 320) instead of "
+                          "stride 16 (D = 112); give it 448 px images (image_size) for the paper's 14×14 grid")
     position: bool = option(False, "append each cell's (x, y) centre, from −1 to 1, to its annotation (D + 2): "
                             "ẑ_t then says where α looks, so 'left of' and 'right of' can be learnt")
+    init_cells: int = option(0, "0: f_init,h and f_init,c read the mean annotation (the paper); G > 0: they read "
+                             "LayerNorm(Σ_i ReLU(W a_i + b)), a G-wide layer applied to each cell before the sum, "
+                             "so the initial state can count objects (a mean of annotations cannot)", low=0)
     vocab_size: int = option(0, "K, set from the vocabulary", low=0, derived=True)
     embed_dim: int = option(64, "m, word embedding size", low=1)
     hidden_dim: int = option(256, "n, LSTM size", low=1)
@@ -200,6 +205,9 @@ class ModelConfig(Config):
         if self.multiscale and self.encoder != "efficientnet_lite0":
             raise SatError(f"multiscale annotations need --encoder efficientnet_lite0, not {self.encoder}; "
                            "drop --multiscale or change the encoder.")
+        if self.coarse and (self.encoder != "efficientnet_lite0" or self.multiscale):
+            raise SatError("coarse (stride-32) annotations need --encoder efficientnet_lite0 without --multiscale; "
+                           "drop --coarse or --multiscale.")
 
 
 @dataclass(frozen=True)

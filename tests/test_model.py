@@ -285,3 +285,53 @@ def test_position_round_trips_through_a_checkpoint(tmp_path, vocab):
     assert loaded.model_config.position is True
     images = torch.rand(1, 3, 64, 64)
     assert torch.equal(loaded.model.encode(images).feats, model.encode(images).feats)
+
+
+# ---- a counting initial state (ModelConfig.init_cells) ---------------------------------------------
+
+def test_init_cells_tells_apart_annotations_whose_mean_is_the_same(vocab):
+    """One object's worth of features in one cell against half of it in two cells: the same mean, so
+    the paper's f_init gives the same (h_0, c_0); the per-cell layer before the sum does not."""
+    torch.manual_seed(0)
+    paper = Captioner(tiny_config(len(vocab))).eval()
+    counting = Captioner(tiny_config(len(vocab), init_cells=32)).eval()
+    D = paper.config.annotation_dim
+    one = torch.zeros(1, 64, D)
+    one[0, 5] = 2.0
+    two = torch.zeros(1, 64, D)
+    two[0, 5] = two[0, 40] = 1.0
+    assert torch.equal(one.mean(1), two.mean(1))
+    with torch.no_grad():
+        _, h_one, c_one = paper.decoder.prepare(one)
+        _, h_two, c_two = paper.decoder.prepare(two)
+        assert torch.allclose(h_one, h_two) and torch.allclose(c_one, c_two)
+        _, h_one, c_one = counting.decoder.prepare(one)
+        _, h_two, c_two = counting.decoder.prepare(two)
+    assert h_one.shape == (1, counting.config.hidden_dim)
+    assert (h_one - h_two).abs().max() > 1e-3 and (c_one - c_two).abs().max() > 1e-3
+    # f_init reads G = 32 numbers, layer-normalised: mean 0 and variance 1 per image.
+    with torch.no_grad():
+        summary = counting.decoder.init_input(two)
+    assert summary.shape == (1, 32)
+    assert abs(float(summary.mean())) < 1e-5 and abs(float(summary.var(unbiased=False)) - 1) < 1e-2
+    assert counting.decoder.init_h[0].in_features == 32 and paper.decoder.init_cells is None
+
+
+def test_init_cells_round_trips_through_a_checkpoint_and_trains(tmp_path, vocab):
+    from sat_core.checkpoint import load_checkpoint, save_checkpoint
+    from sat_core.config import PreprocessConfig
+
+    torch.manual_seed(0)
+    model = Captioner(tiny_config(len(vocab), init_cells=24))
+    images, caps = torch.rand(2, 3, 64, 64), captions(2, 6, len(vocab))
+    loss = torch.nn.functional.cross_entropy(model(images, caps).logits.flatten(0, 1), caps[:, 1:].flatten())
+    loss.backward()
+    assert model.decoder.init_cells[0].weight.grad.abs().sum() > 0  # the per-cell layer learns
+    model.eval()
+    out = save_checkpoint(tmp_path / "c", model, model_config=model.config, vocab=vocab,
+                          preprocess=PreprocessConfig(image_size=64))
+    loaded = load_checkpoint(out)
+    assert loaded.model_config.init_cells == 24
+    with torch.no_grad():
+        feats = model.encode(images).feats
+        assert torch.equal(loaded.model.decoder.prepare(feats)[1], model.decoder.prepare(feats)[1])

@@ -45,7 +45,9 @@ def draw_config(loaded: LoadedCheckpoint) -> None:
         "attention": m.attention, "encoder": m.encoder, "image size": f"{p.image_size}×{p.image_size}",
         "vocabulary": f"{len(loaded.vocab)} words", "embedding m / LSTM n / D": f"{m.embed_dim} / {m.hidden_dim} / {m.feature_dim}"
         + (" + 2 (x, y)" if m.position else ""),
-        "gate β": "on" if m.gate else "off", "parameters": f"{params:,}", "folder": str(loaded.path),
+        "gate β": "on" if m.gate else "off",
+        "(h₀, c₀) from": f"{m.init_cells}-wide per-cell layer, summed" if m.init_cells else "mean annotation",
+        "parameters": f"{params:,}", "folder": str(loaded.path),
     }
     st.dataframe(pd.DataFrame({"": list(facts), "value": list(facts.values())}), hide_index=True, width="stretch")
 

@@ -59,8 +59,12 @@ class Decoder(nn.Module):
         self.gated = config.gate and not self.hard
         self.embed = nn.Embedding(K, m)  # E
         act = nn.Tanh if config.init_activation == "tanh" else nn.Identity
-        self.init_h = nn.Sequential(nn.Linear(D, n), act())  # f_init,h
-        self.init_c = nn.Sequential(nn.Linear(D, n), act())  # f_init,c
+        G = config.init_cells
+        # With init_cells, f_init reads a sum of per-cell detectors (how many of each), not the mean.
+        self.init_cells = nn.Sequential(nn.Linear(D, G), nn.ReLU()) if G else None
+        self.init_norm = nn.LayerNorm(G) if G else None
+        self.init_h = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,h
+        self.init_c = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,c
         self.attention = AttentionMLP(D, n, config.attn_dim, config.attention_activation)  # f_att
         self.f_beta = nn.Linear(n, D if config.gate_size == "vector" else 1) if self.gated else None
         # LSTMCell's gates are an affine map of [input; h_{t−1}] with input = [E y_{t−1}; ẑ_t].
@@ -72,15 +76,24 @@ class Decoder(nn.Module):
         self.L_o = nn.Linear(m if self.deep_output else n, K)
 
     def prepare(self, feats: torch.Tensor) -> tuple[Prepared, torch.Tensor, torch.Tensor]:
-        """Projections for attention and the initial state (h_0, c_0) (B, n) from the mean annotation.
+        """Projections for attention and the initial state (h_0, c_0) (B, n) from the mean annotation
+        (or, with ``init_cells``, from the normalised sum of a per-cell layer).
 
         Under bf16 autocast the annotations are cast here, once per image, for the context products;
         the projection and (h_0, c_0) stay fp32.
         """
-        mean = feats.float().mean(dim=1)  # (B, D)
+        summary = self.init_input(feats)  # (B, D) or (B, G)
         proj = self.attention.project(feats)  # (B, L, A) fp32
         prep = Prepared(feats.to(compute_dtype(feats)), proj)
-        return prep, self.init_h(mean).float(), self.init_c(mean).float()
+        return prep, self.init_h(summary).float(), self.init_c(summary).float()
+
+    def init_input(self, feats: torch.Tensor) -> torch.Tensor:
+        """What f_init,h and f_init,c read: the mean annotation (B, D), or with ``init_cells``
+        LayerNorm(Σ_i ReLU(W a_i + b)) (B, G), in fp32."""
+        if self.init_cells is None:
+            return feats.float().mean(dim=1)
+        cells = self.init_cells(feats).float()  # (B, L, G)
+        return self.init_norm(cells.sum(dim=1))
 
     def _lstm(self, gates: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """LSTMCell's update from its pre-activations (N, 4n) = W_ih x + W_hh h + b; (h, c) stay fp32."""
