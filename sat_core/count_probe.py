@@ -1,0 +1,134 @@
+"""Can the decoder's initial state know how many objects of each category a scene holds?
+
+A probe, not a benchmark: it encodes scenes of the scenes world once with a frozen encoder, then
+trains two small classifiers on the annotations to predict, for every category, how many objects of
+it the scene holds (0–4):
+
+- ``mean``: what the paper's f_init reads, the mean annotation, then Linear–tanh–Linear;
+- ``cells``: what ``ModelConfig.init_cells`` reads, LayerNorm(Σ_i ReLU(W a_i + b)), then the same head.
+
+It prints, on the test scenes, how often each gets a present category's count right, how often a
+category with two or more objects, and how often every category of a scene at once::
+
+    python -m sat_core.count_probe --data data/scenes/dataset.json --images data/scenes
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+
+import torch
+from torch import nn
+
+import sat_core  # noqa: F401  (the allocator settings)
+from sat_core.config import ModelConfig, PreprocessConfig
+from sat_core.data import load_karpathy
+from sat_core.errors import SatError
+from sat_core.images import load_and_preprocess
+from sat_core.models.efficientnet import MEAN, STD
+from sat_core.models.encoder import Encoder
+
+MAX_COUNT = 4
+
+
+def encode_split(data, split: str, limit: int, encoder: Encoder, pre: PreprocessConfig,
+                 categories: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Annotations (N, L, D) in fp16 and per-category counts (N, C) of a split's first ``limit`` scenes."""
+    images = [im for im in data.images if im.split == split][:limit]
+    if not images:
+        raise SatError(f"The dataset has no {split!r} images; build the world with python -m sat_core.world --kind scenes.")
+    feats, counts = [], torch.zeros(len(images), len(categories), dtype=torch.long)
+    batch = max(1, 32 * 224**2 // pre.image_size**2)
+    for start in range(0, len(images), batch):
+        chunk = images[start : start + batch]
+        pixels = torch.stack([load_and_preprocess(im.path, pre)[0] for im in chunk])
+        with torch.no_grad():
+            feats.append(encoder(pixels).feats.half())
+    for row, im in enumerate(images):
+        for obj in im.objects or []:
+            counts[row, categories.index(obj["category"])] += 1
+    return torch.cat(feats), counts.clamp(max=MAX_COUNT)
+
+
+class CountProbe(nn.Module):
+    """Per category, logits over 0..MAX_COUNT objects, from the mean annotation or from summed cells."""
+
+    def __init__(self, dim: int, categories: int, pooling: str, width: int = 256) -> None:
+        super().__init__()
+        self.pooling, self.categories = pooling, categories
+        self.cells = nn.Sequential(nn.Linear(dim, width), nn.ReLU()) if pooling == "cells" else None
+        self.norm = nn.LayerNorm(width) if pooling == "cells" else None
+        self.head = nn.Sequential(nn.Linear(width if self.cells else dim, width), nn.Tanh(),
+                                  nn.Linear(width, categories * (MAX_COUNT + 1)))
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        summary = self.norm(self.cells(feats).sum(1)) if self.cells is not None else feats.mean(1)
+        return self.head(summary).view(-1, self.categories, MAX_COUNT + 1)
+
+
+def fit(probe: CountProbe, x: torch.Tensor, y: torch.Tensor, epochs: int, seed: int) -> None:
+    torch.manual_seed(seed)
+    opt = torch.optim.Adam(probe.parameters(), 1e-3)
+    for _ in range(epochs):
+        for rows in torch.randperm(len(x)).split(64):
+            logits = probe(x[rows].float())
+            loss = nn.functional.cross_entropy(logits.reshape(-1, MAX_COUNT + 1), y[rows].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+
+def score(probe: CountProbe, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    with torch.no_grad():
+        guess = probe(x.float()).argmax(-1)  # (N, C)
+    present, several = y > 0, y >= 2
+    return {
+        "present": float((guess[present] == y[present]).float().mean()),
+        "two_or_more": float((guess[several] == y[several]).float().mean()),
+        "whole_scene": float((guess == y).all(1).float().mean()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sat_core.count_probe", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="data/scenes/dataset.json", help="a scenes-world dataset JSON")
+    p.add_argument("--images", default="data/scenes", help="its image folder")
+    p.add_argument("--coarse", action="store_true", help="stride-32 annotations at 448 px instead of stride 16 at 224")
+    p.add_argument("--train", type=int, default=4000, help="training scenes for the probes")
+    p.add_argument("--test", type=int, default=500, help="test scenes")
+    p.add_argument("--epochs", type=int, default=40)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    try:
+        data = load_karpathy(args.data, args.images)
+        categories = sorted({o["category"] for im in data.images for o in im.objects or [] if "category" in o})
+        if not categories:
+            raise SatError(f"{args.data} has no object records: the probe needs the scenes world "
+                           "(python -m sat_core.world --kind scenes).")
+        dim, size = (320, 448) if args.coarse else (112, 224)
+        encoder = Encoder(ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=dim,
+                                      coarse=args.coarse)).eval()
+        pre = PreprocessConfig(image_size=size, mean=MEAN, std=STD)
+        started = time.perf_counter()
+        x_train, y_train = encode_split(data, "train", args.train, encoder, pre, categories)
+        x_test, y_test = encode_split(data, "test", args.test, encoder, pre, categories)
+        print(f"encoded {len(x_train)} + {len(x_test)} scenes, {dim} × {x_train.shape[1]} annotations, "
+              f"{time.perf_counter() - started:.0f} s", flush=True)
+        for pooling in ("mean", "cells"):
+            probe = CountProbe(dim, len(categories), pooling)
+            fit(probe, x_train, y_train, args.epochs, args.seed)
+            s = score(probe, x_test, y_test)
+            print(f"{pooling:>5}: right count of a present category {s['present']:.3f}, of one with ≥ 2 objects "
+                  f"{s['two_or_more']:.3f}, every category of the scene {s['whole_scene']:.3f}", flush=True)
+    except SatError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
