@@ -16,7 +16,6 @@ category with two or more objects, and how often every category of a scene at on
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 
@@ -28,6 +27,7 @@ from sat_core.config import ModelConfig, PreprocessConfig
 from sat_core.data import load_karpathy
 from sat_core.errors import SatError
 from sat_core.images import load_and_preprocess
+from sat_core.models.decoder import CellSum
 from sat_core.models.efficientnet import MEAN, STD
 from sat_core.models.encoder import Encoder
 
@@ -58,19 +58,17 @@ class CountProbe(nn.Module):
 
     def __init__(self, dim: int, categories: int, pooling: str, width: int = 256) -> None:
         super().__init__()
-        self.pooling, self.categories = pooling, categories
-        self.cells = nn.Sequential(nn.Linear(dim, width), nn.ReLU()) if pooling == "cells" else None
-        self.norm = nn.LayerNorm(width) if pooling == "cells" else None
+        self.categories = categories
+        self.cells = CellSum(dim, width) if pooling == "cells" else None  # the decoder's own module
         self.head = nn.Sequential(nn.Linear(width if self.cells else dim, width), nn.Tanh(),
                                   nn.Linear(width, categories * (MAX_COUNT + 1)))
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
-        summary = self.norm(self.cells(feats).sum(1)) if self.cells is not None else feats.mean(1)
+        summary = self.cells(feats) if self.cells is not None else feats.mean(1)
         return self.head(summary).view(-1, self.categories, MAX_COUNT + 1)
 
 
-def fit(probe: CountProbe, x: torch.Tensor, y: torch.Tensor, epochs: int, seed: int) -> None:
-    torch.manual_seed(seed)
+def fit(probe: CountProbe, x: torch.Tensor, y: torch.Tensor, epochs: int) -> None:
     opt = torch.optim.Adam(probe.parameters(), 1e-3)
     for _ in range(epochs):
         for rows in torch.randperm(len(x)).split(64):
@@ -119,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"encoded {len(x_train)} + {len(x_test)} scenes, {dim} × {x_train.shape[1]} annotations, "
               f"{time.perf_counter() - started:.0f} s", flush=True)
         for pooling in ("mean", "cells"):
+            torch.manual_seed(args.seed)  # the same seed for the probe's initial weights and its batches
             probe = CountProbe(dim, len(categories), pooling)
-            fit(probe, x_train, y_train, args.epochs, args.seed)
+            fit(probe, x_train, y_train, args.epochs)
             s = score(probe, x_test, y_test)
             print(f"{pooling:>5}: right count of a present category {s['present']:.3f}, of one with ≥ 2 objects "
                   f"{s['two_or_more']:.3f}, every category of the scene {s['whole_scene']:.3f}", flush=True)

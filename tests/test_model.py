@@ -326,7 +326,7 @@ def test_init_cells_round_trips_through_a_checkpoint_and_trains(tmp_path, vocab)
     images, caps = torch.rand(2, 3, 64, 64), captions(2, 6, len(vocab))
     loss = torch.nn.functional.cross_entropy(model(images, caps).logits.flatten(0, 1), caps[:, 1:].flatten())
     loss.backward()
-    assert model.decoder.init_cells[0].weight.grad.abs().sum() > 0  # the per-cell layer learns
+    assert model.decoder.init_cells.layer[0].weight.grad.abs().sum() > 0  # the per-cell layer learns
     model.eval()
     out = save_checkpoint(tmp_path / "c", model, model_config=model.config, vocab=vocab,
                           preprocess=PreprocessConfig(image_size=64))

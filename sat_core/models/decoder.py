@@ -50,6 +50,22 @@ class StepOut:
     deep_out: torch.Tensor  # (N, m) what L_o reads (after dropout): exact re-scoring of bf16 logits
 
 
+class CellSum(nn.Module):
+    """LayerNorm(Σ_i ReLU(W a_i + b)): annotations (B, L, D) -> (B, G) in fp32.
+
+    A layer applied to every cell before the sum can become one detector per kind of object, so the
+    result says how many of each there are; a mean of annotations cannot (``ModelConfig.init_cells``).
+    """
+
+    def __init__(self, dim: int, width: int) -> None:
+        super().__init__()
+        self.layer = nn.Sequential(nn.Linear(dim, width), nn.ReLU())
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.layer(feats).float().sum(dim=1))
+
+
 class Decoder(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -61,8 +77,7 @@ class Decoder(nn.Module):
         act = nn.Tanh if config.init_activation == "tanh" else nn.Identity
         G = config.init_cells
         # With init_cells, f_init reads a sum of per-cell detectors (how many of each), not the mean.
-        self.init_cells = nn.Sequential(nn.Linear(D, G), nn.ReLU()) if G else None
-        self.init_norm = nn.LayerNorm(G) if G else None
+        self.init_cells = CellSum(D, G) if G else None
         self.init_h = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,h
         self.init_c = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,c
         self.attention = AttentionMLP(D, n, config.attn_dim, config.attention_activation)  # f_att
@@ -92,8 +107,7 @@ class Decoder(nn.Module):
         LayerNorm(Σ_i ReLU(W a_i + b)) (B, G), in fp32."""
         if self.init_cells is None:
             return feats.float().mean(dim=1)
-        cells = self.init_cells(feats).float()  # (B, L, G)
-        return self.init_norm(cells.sum(dim=1))
+        return self.init_cells(feats)
 
     def _lstm(self, gates: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """LSTMCell's update from its pre-activations (N, 4n) = W_ih x + W_hh h + b; (h, c) stay fp32."""
