@@ -68,6 +68,12 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
     if training.get("dataset"):
         lines += ["", "## Training", f"- Data: `{training['dataset']}`; epoch {training.get('epoch', '?')}, "
                                      f"step {training.get('step', '?')}."]
+        optim = training.get("train_config", {}).get("optim", {})
+        if optim:
+            schedule = (f"cosine from {optim['lr']:g} to {optim.get('lr_final', 0) * optim['lr']:.2g} over "
+                        f"{optim.get('epochs', '?')} epochs" if optim.get("lr_schedule") == "cosine"
+                        else f"{optim.get('lr', '?')} throughout")
+            lines += [f"- Optimiser: {optim.get('optimizer', '?')}, learning rate {schedule}."]
     lines += ["", f"## {str(metrics.get('split', 'evaluation')).capitalize()} split "
                   f"({metrics.get('n_images', '?')} images, beam {metrics.get('beam', '?')}, "
                   f"length normalisation {metrics.get('length_norm', 0.0)}, "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -252,6 +253,9 @@ class OptimConfig(Config):
     dsa_lambda: float = option(1.0, "λ of the doubly stochastic penalty (soft attention)", low=0.0)
     optimizer: str = option("adam", "optimizer", choices=("adam", "rmsprop"))
     lr: float = option(1e-3, "learning rate", low=0.0)
+    lr_schedule: str = option("constant", "constant: --lr throughout | cosine: from --lr down to --lr-final × --lr "
+                              "over --epochs (per optimizer step)", choices=("constant", "cosine"))
+    lr_final: float = option(0.05, "cosine schedule: the last step's rate as a share of --lr", low=0.0)
     weight_decay: float = option(0.0, "L2 weight decay", low=0.0)
     grad_clip: float = option(5.0, "gradient norm clip; 0: off", low=0.0)
     epochs: int = option(10, "epochs to train", low=1)
@@ -262,6 +266,18 @@ class OptimConfig(Config):
                                 choices=("bleu4", "cider"))
     save_every: int = option(200, "optimizer steps between resumable checkpoints (and every epoch end); 0: epochs only",
                              low=0)
+
+    def validate(self) -> None:
+        if self.lr_final > 1:
+            raise SatError(f"OptimConfig.lr_final is a share of --lr, at most 1, not {self.lr_final}.")
+
+    def lr_at(self, step: int, steps_per_epoch: int) -> float:
+        """The rate for optimizer step ``step`` (0-based): cosine from lr to lr_final·lr over every epoch."""
+        if self.lr_schedule == "constant":
+            return self.lr
+        progress = min(step / max(self.epochs * steps_per_epoch, 1), 1.0)
+        share = self.lr_final + (1 - self.lr_final) * 0.5 * (1 + math.cos(math.pi * progress))
+        return self.lr * share
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,7 @@ class Trainer:
         self.baseline = MovingBaseline(cfg.model.hard.baseline_decay)
         if resume:
             self._restore()
+        self.lr = cfg.optim.lr_at(self.step, len(self.loader))  # the schedule's rate; set before every step
         if self.main_process:  # on resume too: flags given with --resume (--lr, --epochs) hold from now on
             self.run_dir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(self.run_dir / "train_config.json", cfg.to_dict())
@@ -272,7 +273,8 @@ class Trainer:
                 self.save_last()
         elapsed = time.perf_counter() - started
         means = {k: v / max(batches, 1) for k, v in totals.items()}
-        return {**means, "captions_per_s": captions * self.world / max(elapsed, 1e-9), "time_s": elapsed}
+        return {**means, "lr": self.lr, "captions_per_s": captions * self.world / max(elapsed, 1e-9),
+                "time_s": elapsed}
 
     def _train_step(self, batch) -> dict[str, float]:
         cfg = self.cfg
@@ -293,6 +295,9 @@ class Trainer:
             raise self._non_finite("loss", float(parts.total.detach()), batch)
         self.optimizer.zero_grad(set_to_none=True)
         parts.total.backward()
+        self.lr = cfg.optim.lr_at(self.step, len(self.loader))
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
         # A finite loss can still have inf/NaN gradients; stepping on them would poison the weights
         # that the next save writes. max_norm=inf only measures.
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip or float("inf"))
@@ -517,7 +522,7 @@ def _console_line(record: dict[str, Any], cfg: TrainConfig, samples: list[tuple[
     v = record["val"]
     terms = f"nll {record['nll']:.3f}  dsa {record['dsa']:.3f}  reinforce {record['reinforce']:.3f}  entropy {record['entropy']:.3f}"
     lines = [f"epoch {record['epoch']}: loss {record['loss']:.3f} ({terms})  {record['captions_per_s']:.0f} captions/s "
-             f"({record['precision']})  val BLEU-4 {v.get('BLEU-4', 0):.4f}  CIDEr {v.get('CIDEr', 0):.3f}  "
+             f"({record['precision']}, lr {record.get('lr', cfg.optim.lr):.2g})  val BLEU-4 {v.get('BLEU-4', 0):.4f}  CIDEr {v.get('CIDEr', 0):.3f}  "
              f"best {metric} {best:.4f}"]
     lines += [f"  sample: {hyp or '(empty)'}  |  reference: {ref}" for hyp, ref in samples]
     return "\n".join(lines)

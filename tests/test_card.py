@@ -65,3 +65,16 @@ def test_training_statistics_describe_the_train_split(world_data):
 
     assert not reference.check(Image.open(data.images[data.split("test")[0]].path)).far
     assert stats["word_stats"]["counts"]["a"] > 0
+
+
+@pytest.mark.parametrize("optim, line", [
+    ({"optimizer": "adam", "lr": 0.001, "lr_schedule": "cosine", "lr_final": 0.05, "epochs": 16},
+     "- Optimiser: adam, learning rate cosine from 0.001 to 5e-05 over 16 epochs."),
+    ({"optimizer": "rmsprop", "lr": 0.002, "lr_schedule": "constant", "lr_final": 0.05, "epochs": 9},
+     "- Optimiser: rmsprop, learning rate 0.002 throughout."),
+])
+def test_card_names_the_learning_rate_schedule(optim, line):
+    config = {"model": {"attention": "soft"}, "training": {"dataset": "d.json", "epoch": 3, "step": 30,
+                                                           "train_config": {"optim": optim}}}
+    card = model_card("m", config, {"split": "test"})
+    assert line in card.splitlines()

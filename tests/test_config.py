@@ -46,6 +46,8 @@ def test_configs_are_frozen_hashable_and_derived_with_replace():
     (lambda: PreprocessConfig(crop=0), "crop must be above 0 and at most 1"),
     (lambda: PreprocessConfig(crop=1.2), "crop must be above 0 and at most 1"),
     (lambda: OptimConfig(epochs=0), "OptimConfig.epochs must be at least 1"),
+    (lambda: OptimConfig(lr_final=1.5), "lr_final is a share of --lr, at most 1"),
+    (lambda: OptimConfig(lr_schedule="step"), "OptimConfig.lr_schedule must be one of constant, cosine"),
     (lambda: DataConfig(batching="random"), "DataConfig.batching must be one of length, image"),
     (lambda: TrainConfig.from_dict({"optim": {"epochs": "3"}}), "OptimConfig.epochs must be an integer, not '3'"),
     (lambda: TrainConfig.from_dict({"model": {"hiden_dim": 3}}), r"Unknown ModelConfig field\(s\) \['hiden_dim'\]"),
@@ -53,6 +55,16 @@ def test_configs_are_frozen_hashable_and_derived_with_replace():
 def test_bad_values_are_refused_naming_the_field(build, message):
     with pytest.raises(SatError, match=message):
         build()
+
+
+def test_cosine_schedule_falls_from_lr_to_its_final_share_over_every_epoch():
+    cfg = OptimConfig(lr=1e-3, lr_schedule="cosine", lr_final=0.1, epochs=4)
+    rates = [cfg.lr_at(step, steps_per_epoch=10) for step in range(41)]
+    assert rates[0] == pytest.approx(1e-3)
+    assert rates[20] == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))  # half way: half way down
+    assert rates[40] == pytest.approx(1e-4) and cfg.lr_at(99, 10) == pytest.approx(1e-4)  # then it stays
+    assert all(a > b for a, b in zip(rates, rates[1:]))
+    assert OptimConfig(lr=2e-3, epochs=4).lr_at(30, 10) == 2e-3  # constant: the default
 
 
 def test_json_values_are_coerced_to_the_declared_types():

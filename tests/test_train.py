@@ -181,7 +181,8 @@ def _frozen_encoder(path: Path) -> Path:
     ("soft", ()),
     ("hard", ()),
     ("hard", ("--batching", "image", "--encoder-weights", "FROZEN")),  # cached features, image batches
-], ids=["soft", "hard", "hard-frozen-image-batches"])
+    ("soft", ("--lr-schedule", "cosine", "--lr-final", "0.1")),  # the resumed steps' rates follow the schedule
+], ids=["soft", "hard", "hard-frozen-image-batches", "soft-cosine"])
 def test_resume_mid_epoch_after_sigterm_matches_an_uninterrupted_run(world_data, tmp_path, monkeypatch,
                                                                       attention, extra):
     data, images = world_data
@@ -225,6 +226,28 @@ def test_resume_applies_a_new_learning_rate_and_remembers_it(tiny_data, tmp_path
     # A later plain --resume keeps the lowered rate instead of going back to the first one.
     again = train.Trainer(*train.parse_config(["--resume", str(run), "--epochs", "3"]))
     assert [g["lr"] for g in again.optimizer.param_groups] == [1e-4]
+
+
+def test_cosine_schedule_sets_every_steps_rate_and_logs_it(world_data, tmp_path):
+    data, images = world_data
+    trainer = train.Trainer(*train.parse_config(train_args(
+        data, images, tmp_path / "run", "--epochs", "2", "--batch-size", "4", "--lr", "4e-3",
+        "--lr-schedule", "cosine", "--lr-final", "0.25", "--patience", "0")))
+    seen = []
+    original = trainer.optimizer.step
+
+    def step(*args, **kwargs):
+        seen.append(trainer.optimizer.param_groups[0]["lr"])
+        return original(*args, **kwargs)
+
+    trainer.optimizer.step = step
+    trainer.run()
+    steps = len(trainer.loader)
+    assert len(seen) == 2 * steps > 4
+    assert seen == pytest.approx([trainer.cfg.optim.lr_at(i, steps) for i in range(2 * steps)])
+    assert seen[0] == pytest.approx(4e-3) and 1e-3 < seen[-1] < 1.1e-3  # near the final 0.25 × 4e-3
+    logged = [json.loads(x)["lr"] for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert logged == pytest.approx([seen[steps - 1], seen[-1]])
 
 
 def test_cached_features_are_what_the_saved_model_computes(tiny_data, tmp_path):
