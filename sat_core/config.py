@@ -171,7 +171,8 @@ class ModelConfig(Config):
     coarse: bool = option(False, "efficientnet_lite0: annotations from the stride-32 stage (D = 320) instead of "
                           "stride 16 (D = 112); give it 448 px images (image_size) for the paper's 14×14 grid")
     position: bool = option(False, "append each cell's (x, y) centre, from −1 to 1, to its annotation (D + 2): "
-                            "ẑ_t then says where α looks, so 'left of' and 'right of' can be learnt")
+                            "ẑ_t then says where α looks, and α can prefer a side (a scenes world made with "
+                            "--caption-order left_to_right names objects left to right)")
     init_cells: int = option(0, "0: f_init,h and f_init,c read the mean annotation (the paper); G > 0: they read "
                              "LayerNorm(Σ_i ReLU(W a_i + b)), a G-wide layer applied to each cell before the sum, "
                              "so the initial state can count objects (a mean of annotations cannot)", low=0)

@@ -3,7 +3,9 @@
 "a brown dog sitting next to a red car on the road", "two sheep in front of a house in a field",
 "there is a kite above a person on the beach". A caption names every group of identical objects
 (same category and colour) once, with its count; pairs of groups are joined by a relation when one
-holds clearly (``scenes.relation_holds(strict=True)``); most captions end with the place.
+holds clearly (``scenes.relation_holds(strict=True)``); most captions end with the place. The groups
+come in random order (``caption_order="random"``, the shipped world) or left to right
+(``"left_to_right"``: by their leftmost member, so "left of" is the one horizontal relation stated).
 Each count word, colour and noun is linked to the ids of the objects it names (world.py's ``links``).
 """
 
@@ -20,6 +22,7 @@ from sat_core.scenes_catalog import (
 from sat_core.world import caption_records
 
 CAPTIONS_PER_IMAGE = 5
+CAPTION_ORDERS = ("random", "left_to_right")
 MAX_CAPTION_TOKENS = 22
 RELATION_P = 0.85  # try to join two groups by a relation (when one holds clearly)
 PLACE_P = 0.8  # end the caption with the place
@@ -63,7 +66,8 @@ def _phrase(relation: str, rng: np.random.Generator) -> list[Token]:
     return [(w, None) for w in options[int(rng.integers(len(options)))]]
 
 
-def caption(gs: list[list[dict[str, Any]]], place: str, rng: np.random.Generator) -> list[Token]:
+def caption(gs: list[list[dict[str, Any]]], place: str, rng: np.random.Generator,
+            caption_order: str = "random") -> list[Token]:
     """One caption naming every group, with relations where they hold and (usually) the place."""
     cats = [g[0]["category"] for g in gs]
     need_colour = [cats.count(c) > 1 for c in cats]  # colour tells same-category groups apart
@@ -73,6 +77,8 @@ def caption(gs: list[list[dict[str, Any]]], place: str, rng: np.random.Generator
             need_colour[i] or rng.random() < CATEGORIES[cats[i]].say_colour)
         return _mention(gs[i], say, action, rng)
 
+    if caption_order == "left_to_right":
+        return _caption_left_to_right(gs, place, rng, mention)
     order = [int(i) for i in rng.permutation(len(gs))]
     clauses: list[list[Token]] = []
     k = 0
@@ -95,6 +101,34 @@ def caption(gs: list[list[dict[str, Any]]], place: str, rng: np.random.Generator
                 continue
         clauses.append(mention(i, len(order) == 1 and rng.random() < 0.5))
         k += 1
+    return _assemble(clauses, place, rng)
+
+
+def _caption_left_to_right(gs, place, rng, mention) -> list[Token]:
+    """Groups named left to right, each where its leftmost member stands, as a reader scans the picture:
+    the order of the mentions says where things are, so a horizontal relation is always
+    "<left one> to the left of <right one>" (never "right of")."""
+    order = sorted(range(len(gs)), key=lambda g: min(o["centroid"][0] for o in gs[g]))
+    clauses: list[list[Token]] = []
+    k = 0
+    while k < len(order):
+        i = order[k]
+        if k + 1 < len(order) and rng.random() < RELATION_P:
+            j = order[k + 1]
+            rels = [r for r in _relations(gs[i], gs[j]) if r != "right_of"]
+            if rels:
+                w = np.array([_RELATION_WEIGHT[r] for r in rels])
+                rel = rels[int(rng.choice(len(rels), p=w / w.sum()))]
+                clauses.append(mention(i, rng.random() < 0.25) + _phrase(rel, rng) + mention(j, False))
+                k += 2
+                continue
+        clauses.append(mention(i, len(order) == 1 and rng.random() < 0.5))
+        k += 1
+    return _assemble(clauses, place, rng)
+
+
+def _assemble(clauses: list[list[Token]], place: str, rng: np.random.Generator) -> list[Token]:
+    """An opener, the clauses joined by "and", and (usually) the place."""
     tokens: list[Token] = []
     opener = list(_OPENERS[int(rng.choice(len(_OPENERS), p=_OPENER_P))])
     if opener == ["there", "is"] and clauses[0][0][0] in NUMBER_WORDS.values():
@@ -109,12 +143,12 @@ def caption(gs: list[list[dict[str, Any]]], place: str, rng: np.random.Generator
 
 
 def describe(objects: list[dict[str, Any]], place: str, rng: np.random.Generator,
-             n: int = CAPTIONS_PER_IMAGE) -> list[dict[str, Any]]:
+             n: int = CAPTIONS_PER_IMAGE, caption_order: str = "random") -> list[dict[str, Any]]:
     """n reference captions (distinct where the grammar allows): {"tokens", "raw", "links"}."""
     gs = groups(objects)
     found: dict[tuple[str, ...], list[Token]] = {}
     for _ in range(10 * n):
-        cap = caption(gs, place, rng)
+        cap = caption(gs, place, rng, caption_order)
         if len(cap) <= MAX_CAPTION_TOKENS:
             found.setdefault(tuple(w for w, _ in cap), cap)
         if len(found) == 2 * n:

@@ -378,11 +378,11 @@ def _image_rng(seed: int, split: str, index: int) -> np.random.Generator:
     return np.random.default_rng(seq)
 
 
-def _make_image(task: tuple[int, str, int, int, str, str]) -> dict[str, Any]:
+def _make_image(task: tuple[int, str, int, int, str, str, str]) -> dict[str, Any]:
     """Generate, render and save one image; return its Karpathy record."""
     from PIL import Image
 
-    seed, split, index, imgid, out_dir, kind = task
+    seed, split, index, imgid, out_dir, kind, caption_order = task
     rng = _image_rng(seed, split, index)
     filename = f"{imgid:06d}.png"
     extra: dict[str, Any] = {}
@@ -392,7 +392,7 @@ def _make_image(task: tuple[int, str, int, int, str, str]) -> dict[str, Any]:
         layout = scenes.generate_layout(rng)
         objects = scenes.layout_objects(layout)
         pixels = scenes.render_layout(layout)
-        captions = scenes_captions.describe(objects, layout.place, rng)
+        captions = scenes_captions.describe(objects, layout.place, rng, caption_order=caption_order)
         extra["place"] = layout.place
     else:
         scene = generate_scene(rng)
@@ -421,14 +421,17 @@ def _prepare_out_dir(out_dir: Path) -> None:
 
 
 def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: int = 0,
-             workers: int = 2, kind: str = "shapes") -> Path:
+             workers: int = 2, kind: str = "shapes", caption_order: str = "random") -> Path:
     """Write the dataset (images + dataset.json) under out_dir; return the dataset.json path.
 
     kind: "shapes" (this module: 112 px coloured shapes, the fast test world) or "scenes"
-    (sat_core.scenes: 224 px everyday objects in places).
+    (sat_core.scenes: 224 px everyday objects in places). caption_order (scenes only): "random" or
+    "left_to_right" (sat_core.scenes_captions).
     """
     if kind not in KINDS:
         raise SatError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}.")
+    if caption_order not in ("random", "left_to_right"):
+        raise SatError(f"caption_order must be random or left_to_right, not {caption_order!r}.")
     out_dir = Path(out_dir)
     counts = {"train": n_train, "val": n_val, "test": n_test}
     if any(n < 0 for n in counts.values()) or workers < 1:
@@ -437,7 +440,7 @@ def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: i
     tasks, imgid = [], 0
     for split in SPLITS:
         for index in range(counts[split]):
-            tasks.append((seed, split, index, imgid, str(out_dir), kind))
+            tasks.append((seed, split, index, imgid, str(out_dir), kind, caption_order))
             imgid += 1
     try:
         if workers == 1 or len(tasks) < 2:
@@ -448,7 +451,8 @@ def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: i
                 images = pool.map(_make_image, tasks, chunksize=chunk)
         path = out_dir / "dataset.json"
         name, size = ("sat_scenes", 224) if kind == "scenes" else ("sat_world", IMAGE_SIZE)
-        data = {"dataset": name, "kind": kind, "seed": seed, "image_size": size, "images": images}
+        data = {"dataset": name, "kind": kind, "seed": seed, "image_size": size,
+                **({"caption_order": caption_order} if caption_order != "random" else {}), "images": images}
         path.write_text(json.dumps(data, separators=(",", ":")))
     except OSError as err:
         raise DatasetError(f"Cannot write the dataset under {out_dir} ({err}); "
@@ -481,10 +485,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--test", type=_count, default=500)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=_positive, default=2)
+    p.add_argument("--caption-order", choices=("random", "left_to_right"), default="random",
+                   help="scenes: name the objects in random order, or left to right (then 'left of' is the one "
+                        "horizontal relation)")
     args = p.parse_args(argv)
     start = time.perf_counter()
     try:
-        path = generate(args.out, args.train, args.val, args.test, args.seed, args.workers, args.kind)
+        path = generate(args.out, args.train, args.val, args.test, args.seed, args.workers, args.kind,
+                        args.caption_order)
     except SatError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from err

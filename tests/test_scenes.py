@@ -115,6 +115,26 @@ def test_captions_state_relations_places_and_colours(data):
     assert max(len(s["tokens"]) for s in sents) <= 22
 
 
+def test_references_name_groups_left_to_right_so_left_of_is_the_only_horizontal_relation(data, tmp_path):
+    assert any("right" in s["tokens"] for im in data["images"] for s in im["sentences"])  # the default: random
+    path = world.generate(tmp_path, 24, 0, 0, seed=5, workers=1, kind="scenes", caption_order="left_to_right")
+    data = json.loads(path.read_text())
+    assert data["caption_order"] == "left_to_right"
+    horizontal = 0
+    for im in data["images"]:
+        objects = {o["id"]: o for o in im["objects"]}
+        for sent in im["sentences"]:
+            groups = []  # the linked id groups, in the order the caption names them
+            for _t, ids in sent["links"]:
+                if ids not in groups:
+                    groups.append(ids)
+            xs = [min(objects[i]["centroid"][0] for i in ids) for ids in groups]  # each at its leftmost
+            assert xs == sorted(xs), sent["raw"]
+            assert "right" not in sent["tokens"], sent["raw"]
+            horizontal += "left" in sent["tokens"]
+    assert horizontal > 0, "no horizontal relation at all: the test cannot tell"
+
+
 def test_strict_relations_in_references_hold_between_their_objects():
     a = {"full_bbox": [10, 100, 40, 40], "foot": 140, "layer": "ground"}
     b = {"full_bbox": [120, 100, 40, 40], "foot": 140, "layer": "ground"}
