@@ -273,7 +273,7 @@ class OptimConfig(Config):
             raise SatError(f"OptimConfig.lr_final is a share of --lr, at most 1, not {self.lr_final}.")
 
     def lr_at(self, step: int, steps_per_epoch: int) -> float:
-        """The rate for optimizer step ``step`` (0-based): cosine from lr to lr_final·lr over every epoch."""
+        """The rate for optimizer step ``step`` (0-based): cosine from lr to lr_final·lr over all the epochs."""
         if self.lr_schedule == "constant":
             return self.lr
         progress = min(step / max(self.epochs * steps_per_epoch, 1), 1.0)

@@ -22,7 +22,6 @@ from sat_core.scenes_catalog import (
 from sat_core.world import caption_records
 
 CAPTIONS_PER_IMAGE = 5
-CAPTION_ORDERS = ("random", "left_to_right")
 MAX_CAPTION_TOKENS = 22
 RELATION_P = 0.85  # try to join two groups by a relation (when one holds clearly)
 PLACE_P = 0.8  # end the caption with the place

@@ -522,7 +522,8 @@ def _console_line(record: dict[str, Any], cfg: TrainConfig, samples: list[tuple[
     v = record["val"]
     terms = f"nll {record['nll']:.3f}  dsa {record['dsa']:.3f}  reinforce {record['reinforce']:.3f}  entropy {record['entropy']:.3f}"
     lines = [f"epoch {record['epoch']}: loss {record['loss']:.3f} ({terms})  {record['captions_per_s']:.0f} captions/s "
-             f"({record['precision']}, lr {record.get('lr', cfg.optim.lr):.2g})  val BLEU-4 {v.get('BLEU-4', 0):.4f}  CIDEr {v.get('CIDEr', 0):.3f}  "
+             f"({record['precision']}, lr {record.get('lr', cfg.optim.lr):.2g})  "
+             f"val BLEU-4 {v.get('BLEU-4', 0):.4f}  CIDEr {v.get('CIDEr', 0):.3f}  "
              f"best {metric} {best:.4f}"]
     lines += [f"  sample: {hyp or '(empty)'}  |  reference: {ref}" for hyp, ref in samples]
     return "\n".join(lines)

@@ -56,6 +56,7 @@ SIZES = ("small", "big")
 SIZE_WORDS = {"small": "small", "big": "big", "large": "big"}
 COUNT_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4}
 NUMBER_WORDS = {2: "two", 3: "three", 4: "four"}
+CAPTION_ORDERS = ("random", "left_to_right")  # the scenes world's references (sat_core.scenes_captions)
 RELATIONS = ("left_of", "right_of", "above", "below")
 CONVERSE = {"left_of": "right_of", "right_of": "left_of", "above": "below", "below": "above"}
 RELATION_PHRASES: dict[tuple[str, ...], str] = {
@@ -430,8 +431,8 @@ def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: i
     """
     if kind not in KINDS:
         raise SatError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}.")
-    if caption_order not in ("random", "left_to_right"):
-        raise SatError(f"caption_order must be random or left_to_right, not {caption_order!r}.")
+    if caption_order not in CAPTION_ORDERS:
+        raise SatError(f"caption_order must be one of {', '.join(CAPTION_ORDERS)}, not {caption_order!r}.")
     out_dir = Path(out_dir)
     counts = {"train": n_train, "val": n_val, "test": n_test}
     if any(n < 0 for n in counts.values()) or workers < 1:
@@ -485,7 +486,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--test", type=_count, default=500)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=_positive, default=2)
-    p.add_argument("--caption-order", choices=("random", "left_to_right"), default="random",
+    p.add_argument("--caption-order", choices=CAPTION_ORDERS, default="random",
                    help="scenes: name the objects in random order, or left to right (then 'left of' is the one "
                         "horizontal relation)")
     args = p.parse_args(argv)
