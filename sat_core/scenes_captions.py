@@ -76,58 +76,34 @@ def caption(gs: list[list[dict[str, Any]]], place: str, rng: np.random.Generator
             need_colour[i] or rng.random() < CATEGORIES[cats[i]].say_colour)
         return _mention(gs[i], say, action, rng)
 
-    if caption_order == "left_to_right":
-        return _caption_left_to_right(gs, place, rng, mention)
-    order = [int(i) for i in rng.permutation(len(gs))]
+    left_to_right = caption_order == "left_to_right"
+    if left_to_right:  # as a reader scans the picture, each group where its leftmost member stands
+        order = sorted(range(len(gs)), key=lambda g: min(o["centroid"][0] for o in gs[g]))
+    else:
+        order = [int(i) for i in rng.permutation(len(gs))]
     clauses: list[list[Token]] = []
     k = 0
     while k < len(order):
         i = order[k]
         if k + 1 < len(order) and rng.random() < RELATION_P:
-            # the first later group that stands in a clear relation to this one becomes its partner
-            partner = next((m for m in range(k + 1, len(order)) if _relations(gs[i], gs[order[m]])), None)
-            if partner is not None:
-                order.insert(k + 1, order.pop(partner))
+            if not left_to_right:
+                # the first later group that stands in a clear relation to this one becomes its partner
+                partner = next((m for m in range(k + 1, len(order)) if _relations(gs[i], gs[order[m]])), None)
+                if partner is not None:
+                    order.insert(k + 1, order.pop(partner))
             j = order[k + 1]
-            rels = _relations(gs[i], gs[j])
+            # left to right, the order of the mentions says where things are: never "right of"
+            rels = [r for r in _relations(gs[i], gs[j]) if not (left_to_right and r == "right_of")]
             if rels:
                 w = np.array([_RELATION_WEIGHT[r] for r in rels])
                 rel = rels[int(rng.choice(len(rels), p=w / w.sum()))]
-                if rng.random() < 0.3:  # the same fact with the mentions swapped
+                if not left_to_right and rng.random() < 0.3:  # the same fact with the mentions swapped
                     i, j, rel = j, i, CONVERSE[rel]
                 clauses.append(mention(i, rng.random() < 0.25) + _phrase(rel, rng) + mention(j, False))
                 k += 2
                 continue
         clauses.append(mention(i, len(order) == 1 and rng.random() < 0.5))
         k += 1
-    return _assemble(clauses, place, rng)
-
-
-def _caption_left_to_right(gs, place, rng, mention) -> list[Token]:
-    """Groups named left to right, each where its leftmost member stands, as a reader scans the picture:
-    the order of the mentions says where things are, so a horizontal relation is always
-    "<left one> to the left of <right one>" (never "right of")."""
-    order = sorted(range(len(gs)), key=lambda g: min(o["centroid"][0] for o in gs[g]))
-    clauses: list[list[Token]] = []
-    k = 0
-    while k < len(order):
-        i = order[k]
-        if k + 1 < len(order) and rng.random() < RELATION_P:
-            j = order[k + 1]
-            rels = [r for r in _relations(gs[i], gs[j]) if r != "right_of"]
-            if rels:
-                w = np.array([_RELATION_WEIGHT[r] for r in rels])
-                rel = rels[int(rng.choice(len(rels), p=w / w.sum()))]
-                clauses.append(mention(i, rng.random() < 0.25) + _phrase(rel, rng) + mention(j, False))
-                k += 2
-                continue
-        clauses.append(mention(i, len(order) == 1 and rng.random() < 0.5))
-        k += 1
-    return _assemble(clauses, place, rng)
-
-
-def _assemble(clauses: list[list[Token]], place: str, rng: np.random.Generator) -> list[Token]:
-    """An opener, the clauses joined by "and", and (usually) the place."""
     tokens: list[Token] = []
     opener = list(_OPENERS[int(rng.choice(len(_OPENERS), p=_OPENER_P))])
     if opener == ["there", "is"] and clauses[0][0][0] in NUMBER_WORDS.values():
