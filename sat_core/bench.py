@@ -3,6 +3,7 @@
     python -m sat_core.bench train  [--device auto|cpu|cuda] [--precision all|auto|fp32|bf16] [--quick] [--json OUT]
     python -m sat_core.bench decode [--device …] [--precision …] [--model all|coco|shipped] [--quick] [--json OUT]
     python -m sat_core.bench agreement --checkpoint checkpoints/shapes_soft --data data/world/dataset.json --images data/world
+    python -m sat_core.bench compile [--device …] [--quick]
 
 Every table says which precision ran (``sat_core.precision``); ``--precision all`` (the default) runs
 fp32 and, where the hardware has native bf16, bf16: one table per precision.
@@ -25,6 +26,11 @@ steps (train, forward + backward): the weight GEMMs alone (random tensors of the
 the row's precision), the attention block alone (the model's own ``AttentionMLP`` + context product),
 the decoder step alone, and the whole step; and the whole step as a multiple of the bf16 GEMM floor
 (the weight GEMMs alone in bf16, what a step cannot go below on this hardware).
+
+``compile``: the no-grad attention block of a decode step (add, σ, the product with w) at COCO size,
+batch 64 × beam 5, fp32: the project's chunked eager block against ``torch.compile`` of the plain
+expression (which Inductor fuses into one loop), with the seconds the compile took and the largest
+difference between the two.
 
 ``agreement``: decodes a checkpoint's split in fp32 and in bf16 and reports the share of images whose
 best caption is the same, and both BLEU-4s.
@@ -457,6 +463,50 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
                           for i in refs if captions["fp32"][i] != captions["bf16"][i]]}
 
 
+# ---- compile: the attention block eager vs torch.compile ---------------------------------------------
+
+def run_compile(device: torch.device, quick: bool = False) -> dict[str, Any]:
+    """Median ms of the decode step's attention scores, chunked eager vs ``torch.compile`` (fp32)."""
+    from sat_core.models.attention import _scores
+
+    B, k, L, A = (8, 5, 196, 512) if quick else (64, 5, 196, 512)
+    gen = torch.Generator().manual_seed(0)
+    proj = torch.randn(B, L, A, generator=gen).to(device)  # 2(W_a a + b)
+    wh = torch.randn(B, k, 1, A, generator=gen).to(device)  # 2 W_h h per row
+    w = torch.randn(A, generator=gen).to(device)
+
+    def plain(proj: torch.Tensor, wh: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(proj.unsqueeze(1) + wh) @ w  # (B, k, L); materialised whole when eager
+
+    def eager(proj: torch.Tensor, wh: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return _scores(proj, wh, w, False, 4)
+
+    with torch.no_grad():
+        started = time.perf_counter()
+        compiled = torch.compile(plain, dynamic=False)
+        out = compiled(proj, wh, w)
+        _sync(device)
+        compile_s = time.perf_counter() - started
+        diff = float((out - eager(proj, wh, w)).abs().max())
+        times = {name: _median_ms(lambda f=f: f(proj, wh, w), device, 3 if quick else 20)
+                 for name, f in (("eager", eager), ("compiled", compiled), ("plain", plain))}
+    return {"device": device.type, "batch": B, "beam": k, "eager_chunked_ms": times["eager"],
+            "eager_whole_ms": times["plain"], "compiled_ms": times["compiled"], "compile_s": compile_s,
+            "max_abs_diff": diff}
+
+
+def _median_ms(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - started)
+    return 1000 * sorted(times)[len(times) // 2]
+
+
 # ---- command line -------------------------------------------------------------------------------
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -503,7 +553,7 @@ def _devices(name: str) -> list[torch.device]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sat_core.bench", description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=("train", "decode", "agreement"))
+    p.add_argument("what", choices=("train", "decode", "agreement", "compile"))
     p.add_argument("--device", default="auto", help="auto (CPU, and CUDA when present) | cpu | cuda")
     p.add_argument("--precision", default="all", choices=("all", *PRECISIONS),
                    help="all: fp32 and, where the hardware has native bf16, bf16 (train, decode)")
@@ -561,6 +611,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{100 * figures['same_best_caption']:.1f} %; BLEU-4 fp32 {figures['bleu4_fp32']:.4f}, "
                   f"bf16 {figures['bleu4_bf16']:.4f} (Δ {figures['bleu4_delta']:+.4f}); decoding "
                   f"{figures['seconds_fp32']:.1f} s fp32, {figures['seconds_bf16']:.1f} s bf16")
+        elif args.what == "compile":
+            figures = run_compile(devices[-1], quick=args.quick)
+            print(f"attention block, batch {figures['batch']} × beam {figures['beam']}, {figures['device']}, fp32: "
+                  f"chunked eager {figures['eager_chunked_ms']:.1f} ms, whole eager {figures['eager_whole_ms']:.1f} ms, "
+                  f"torch.compile {figures['compiled_ms']:.1f} ms after {figures['compile_s']:.0f} s of compiling "
+                  f"(largest difference {figures['max_abs_diff']:.1e})")
         else:
             figures = run(args.what, devices, quick=args.quick, precision=args.precision, which=args.model)
     except SatError as err:

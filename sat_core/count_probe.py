@@ -5,7 +5,8 @@ trains two small classifiers on the annotations to predict, for every category, 
 it the scene holds (0–4):
 
 - ``mean``: what the paper's f_init reads, the mean annotation, then Linear–tanh–Linear;
-- ``cells``: what ``ModelConfig.init_cells`` reads, LayerNorm(Σ_i ReLU(W a_i + b)), then the same head.
+- ``cells``: what ``ModelConfig.init_cells`` reads, LayerNorm(Σ_i ReLU(W a_i + b)), then the same head;
+- ``conv`` (``--pooling conv``): the same sum over a 3×3 convolution of the grid and a 1×1 layer.
 
 It prints, on the test scenes, how often each gets a present category's count right, how often a
 category with two or more objects, and how often every category of a scene at once::
@@ -53,6 +54,22 @@ def encode_split(data, split: str, limit: int, encoder: Encoder, pre: Preprocess
     return torch.cat(feats), counts.clamp(max=MAX_COUNT)
 
 
+class ConvSum(nn.Module):
+    """LayerNorm(Σ_i ReLU(W₂ ReLU(conv3×3(a)_i))): each cell also sees its 8 neighbours, so a layer
+    could fire once per object (at its centre) instead of once per cell it covers."""
+
+    def __init__(self, dim: int, width: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(dim, width, 3, padding=1), nn.ReLU(), nn.Conv2d(width, width, 1), nn.ReLU())
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        B, L, D = feats.shape
+        side = int(L ** 0.5)
+        grid = feats.transpose(1, 2).reshape(B, D, side, side)
+        return self.norm(self.net(grid).flatten(2).sum(-1))
+
+
 class CountProbe(nn.Module):
     """Per category, logits over 0..MAX_COUNT objects, from the mean annotation or from summed cells."""
 
@@ -60,11 +77,17 @@ class CountProbe(nn.Module):
         super().__init__()
         self.categories = categories
         self.cells = CellSum(dim, width) if pooling == "cells" else None  # the decoder's own module
-        self.head = nn.Sequential(nn.Linear(width if self.cells else dim, width), nn.Tanh(),
+        self.conv = ConvSum(dim, width) if pooling == "conv" else None
+        self.head = nn.Sequential(nn.Linear(dim if pooling == "mean" else width, width), nn.Tanh(),
                                   nn.Linear(width, categories * (MAX_COUNT + 1)))
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
-        summary = self.cells(feats) if self.cells is not None else feats.mean(1)
+        if self.cells is not None:
+            summary = self.cells(feats)
+        elif self.conv is not None:
+            summary = self.conv(feats)
+        else:
+            summary = feats.mean(1)
         return self.head(summary).view(-1, self.categories, MAX_COUNT + 1)
 
 
@@ -100,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test", type=int, default=500, help="test scenes")
     p.add_argument("--epochs", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pooling", nargs="+", default=["mean", "cells"], choices=["mean", "cells", "conv"])
     args = p.parse_args(argv)
     try:
         data = load_karpathy(args.data, args.images)
@@ -116,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         x_test, y_test = encode_split(data, "test", args.test, encoder, pre, categories)
         print(f"encoded {len(x_train)} + {len(x_test)} scenes, {dim} × {x_train.shape[1]} annotations, "
               f"{time.perf_counter() - started:.0f} s", flush=True)
-        for pooling in ("mean", "cells"):
+        for pooling in args.pooling:
             torch.manual_seed(args.seed)  # the same seed for the probe's initial weights and its batches
             probe = CountProbe(dim, len(categories), pooling)
             fit(probe, x_train, y_train, args.epochs)

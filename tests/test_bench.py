@@ -55,6 +55,18 @@ def test_decode_quick(tmp_path, capsys):
     assert "step/floor" in printed and "one-by-one img/s" in printed and "precision fp32" in printed
 
 
+def test_compile_quick_agrees_with_the_eager_block(tmp_path, capsys):
+    """bench compile: torch.compile of the attention scores gives the chunked eager block's values."""
+    out = tmp_path / "compile.json"
+    assert bench.main(["compile", "--quick", "--device", "cpu", "--threads", "1", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert (figures["batch"], figures["beam"], figures["device"]) == (8, 5, "cpu")
+    assert figures["max_abs_diff"] < 1e-3  # σ sums over 512 dims of N(0, 2) inputs: |e| is in the hundreds
+    assert figures["compiled_ms"] > 0 and figures["eager_chunked_ms"] > 0 and figures["compile_s"] > 0
+    printed = capsys.readouterr().out
+    assert "torch.compile" in printed and "chunked eager" in printed
+
+
 def test_peak_memory_sees_an_allocation():
     with bench.PeakMemory(torch.device("cpu")) as mem:
         block = torch.ones(64, 2**20 // 4)  # 64 MiB, every page touched

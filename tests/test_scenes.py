@@ -193,6 +193,26 @@ def test_count_probe_reads_the_worlds_counts_and_runs_end_to_end(runs, capsys):
     assert int(counts.sum()) == len(first["objects"])
 
 
+def test_count_probe_conv_pooling_sees_how_cells_are_arranged():
+    """--pooling conv: two grids with the same cells, adjacent or apart, differ; the per-cell sum cannot tell."""
+    import torch
+
+    from sat_core import count_probe
+    from sat_core.models.decoder import CellSum
+
+    torch.manual_seed(0)
+    together, apart = torch.zeros(1, 196, 8), torch.zeros(1, 196, 8)
+    together[0, [30, 31]] = 1.0  # two neighbouring cells of one row
+    apart[0, [30, 150]] = 1.0  # the same two cells' contents, far apart
+    conv, cells = count_probe.ConvSum(8, 16), CellSum(8, 16)
+    with torch.no_grad():
+        assert conv(together).shape == (1, 16)
+        assert not torch.allclose(conv(together), conv(apart), atol=1e-4)
+        assert torch.allclose(cells(together), cells(apart), atol=1e-6)
+    probe = count_probe.CountProbe(8, 3, "conv")
+    assert probe(together).shape == (1, 3, count_probe.MAX_COUNT + 1)
+
+
 class _NoEncoder:
     """Stands in for the CNN where only the counts matter."""
 
