@@ -466,7 +466,7 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
 # ---- compile: the attention block eager vs torch.compile ---------------------------------------------
 
 def run_compile(device: torch.device, quick: bool = False) -> dict[str, Any]:
-    """Median ms of the decode step's attention scores, chunked eager vs ``torch.compile`` (fp32)."""
+    """Best ms of 20 calls of the decode step's attention scores, chunked eager vs ``torch.compile`` (fp32)."""
     from sat_core.models.attention import _scores
 
     B, k, L, A = (8, 5, 196, 512) if quick else (64, 5, 196, 512)
@@ -488,23 +488,12 @@ def run_compile(device: torch.device, quick: bool = False) -> dict[str, Any]:
         _sync(device)
         compile_s = time.perf_counter() - started
         diff = float((out - eager(proj, wh, w)).abs().max())
-        times = {name: _median_ms(lambda f=f: f(proj, wh, w), device, 3 if quick else 20)
+        runs = 3 if quick else 20
+        times = {name: 1000 * timed(lambda f=f: f(proj, wh, w), device, min_time=60.0, max_runs=runs)[0]
                  for name, f in (("eager", eager), ("compiled", compiled), ("plain", plain))}
     return {"device": device.type, "batch": B, "beam": k, "eager_chunked_ms": times["eager"],
             "eager_whole_ms": times["plain"], "compiled_ms": times["compiled"], "compile_s": compile_s,
             "max_abs_diff": diff}
-
-
-def _median_ms(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
-    fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - started)
-    return 1000 * sorted(times)[len(times) // 2]
 
 
 # ---- command line -------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ class ConvSum(nn.Module):
 
 
 class CountProbe(nn.Module):
-    """Per category, logits over 0..MAX_COUNT objects, from the mean annotation or from summed cells."""
+    """Per category, logits over 0..MAX_COUNT objects, from the mean annotation, summed cells or a summed convolution."""
 
     def __init__(self, dim: int, categories: int, pooling: str, width: int = 256) -> None:
         super().__init__()
