@@ -59,7 +59,7 @@ from sat_core.decoding import beam_search, pick_device
 from sat_core.errors import SatError
 from sat_core.models.attention import attend
 from sat_core.models.captioner import Captioner
-from sat_core.precision import PRECISIONS, autocast, cpu_flags, cpu_has_bf16, resolve
+from sat_core.precision import PRECISIONS, autocast, cpu_has_bf16, describe_cpu, resolve
 from sat_core.vocab import SPECIALS, Vocab
 
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "shapes_soft"
@@ -157,10 +157,12 @@ def timed(fn: Callable[[], Any], device: torch.device, *, warmup: int = 1, min_t
 
 
 def _cases(devices: list[torch.device], choice: str) -> list[tuple[torch.device, str]]:
-    """(device, precision) pairs: ``all`` is fp32 and, where the hardware has native bf16, bf16."""
+    """(device, precision) pairs: ``all`` is fp32 and, where the hardware has bf16 instructions, bf16
+    (also where they are slower than fp32 and ``auto`` runs fp32: the table shows it)."""
     if choice != "all":
         return [(d, resolve(d, choice)) for d in devices]
-    return [(d, p) for d in devices for p in ("fp32", "bf16") if p == "fp32" or resolve(d, "auto") == "bf16"]
+    has_bf16 = {d: d.type == "cuda" or cpu_has_bf16() for d in devices}
+    return [(d, p) for d in devices for p in ("fp32", "bf16") if p == "fp32" or has_bf16[d]]
 
 
 def _progress(row: dict[str, Any]) -> dict[str, Any]:
@@ -565,8 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(what: str, devices: list[torch.device], *, quick: bool = False, precision: str = "all",
         which: str = "all") -> dict[str, Any]:
     """Run one benchmark, print its tables, return the figures."""
-    cpu = "with AMX" if "amx_bf16" in cpu_flags() else "with AVX512-BF16" if cpu_has_bf16() else "no native bf16"
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, CPU {cpu}"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {describe_cpu()}"
           + "".join(f", {torch.cuda.get_device_name(d)}" for d in devices if d.type == "cuda"))
     if what == "train":
         figures: dict[str, Any] = {"train": run_train(devices, quick=quick, precision=precision)}

@@ -223,7 +223,8 @@ class DecodeConfig(Config):
     hard_mode: str = option("expect", "hard attention at test time: expectation α or a sampled location",
                             choices=("expect", "sample"))
     seed: int = option(0, "seed of hard_mode=sample", low=0)
-    precision: str = option("auto", "auto | fp32 | bf16; auto: bf16 on CUDA and on CPUs with AMX or AVX512-BF16",
+    precision: str = option("auto", "auto | fp32 | bf16; auto: bf16 on CUDA, on CPUs with AMX and on AMD CPUs with "
+                            "AVX512-BF16 (where bf16 runs faster than fp32)",
                             choices=("auto", "fp32", "bf16"))
 
 
@@ -295,8 +296,8 @@ class TrainConfig(Config):
                                   "local copy of torchvision's ImageNet weights for vgg19/resnet (then frozen)")
     seed: int = option(0, "seed of initialisation, shuffling, dropout and hard samples", low=0)
     device: str = option("auto", "auto | cpu | cuda[:N]")
-    precision: str = option("auto", "auto | fp32 | bf16 for training steps; auto: bf16 on CUDA and on CPUs with "
-                            "AMX or AVX512-BF16 (weights, optimizer state, h/c and the loss stay fp32)",
+    precision: str = option("auto", "auto | fp32 | bf16 for training steps; auto: bf16 on CUDA, on CPUs with AMX and "
+                            "on AMD CPUs with AVX512-BF16 (weights, optimizer state, h/c and the loss stay fp32)",
                             choices=("auto", "fp32", "bf16"))
     channels_last: bool = option(True, "channels-last encoder inputs, CUDA only")
     progress: bool = option(True, "progress bars")

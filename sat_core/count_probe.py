@@ -8,6 +8,11 @@ it the scene holds (0–4):
 - ``cells``: what ``ModelConfig.init_cells`` reads, LayerNorm(Σ_i ReLU(W a_i + b)), then the same head;
 - ``conv`` (``--pooling conv``): the same sum over a 3×3 convolution of the grid and a 1×1 layer.
 
+``--tune-blocks N`` asks whether training the encoder would help: the scenes are encoded only up to
+N blocks before the stride-16 tap, and every probe runs those last N EfficientNet blocks itself
+(starting from the ImageNet weights, batch-norm statistics kept, their weights trained with the probe
+at a tenth of its learning rate).
+
 It prints, on the test scenes, how often each gets a present category's count right, how often a
 category with two or more objects, and how often every category of a scene at once::
 
@@ -17,6 +22,7 @@ category with two or more objects, and how often every category of a scene at on
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 
@@ -35,9 +41,11 @@ from sat_core.models.encoder import Encoder
 MAX_COUNT = 4
 
 
-def encode_split(data, split: str, limit: int, encoder: Encoder, pre: PreprocessConfig,
+def encode_split(data, split: str, limit: int, encoder: nn.Module, pre: PreprocessConfig,
                  categories: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Annotations (N, L, D) in fp16 and per-category counts (N, C) of a split's first ``limit`` scenes."""
+    """Annotations (N, L, D) in fp16 and per-category counts (N, C) of a split's first ``limit`` scenes.
+
+    ``encoder`` maps images to ``Annotations`` (or, with ``--tune-blocks``, to an earlier block's map)."""
     images = [im for im in data.images if im.split == split][:limit]
     if not images:
         raise SatError(f"The dataset has no {split!r} images; build the world with python -m sat_core.world --kind scenes.")
@@ -70,18 +78,57 @@ class ConvSum(nn.Module):
         return self.norm(self.net(grid).flatten(2).sum(-1))
 
 
+class Head(nn.Module):
+    """The encoder up to ``upto − tune`` blocks: what is cached when the last ``tune`` blocks are trained."""
+
+    def __init__(self, net: nn.Module, last: int) -> None:
+        super().__init__()
+        self.net, self.last = net, last
+
+    def forward(self, images: torch.Tensor):
+        from sat_core.models.encoder import Annotations
+
+        fmap = self.net.features(images.contiguous(memory_format=torch.channels_last), self.last)  # (B, C, h, w)
+        return Annotations(fmap.flatten(2).transpose(1, 2), fmap.shape[2:])  # (B, L, C)
+
+
+class Tail(nn.Module):
+    """The last EfficientNet blocks before the tap, trained: (B, L, C) cached maps -> (B, L, D) annotations.
+    Batch-norm layers stay in eval mode (their ImageNet statistics); the convolutions learn."""
+
+    def __init__(self, blocks: nn.ModuleList) -> None:
+        super().__init__()
+        self.blocks = copy.deepcopy(blocks)
+        self.train(False)
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        B, L, C = feats.shape
+        side = int(L ** 0.5)
+        x = feats.transpose(1, 2).reshape(B, C, side, side).contiguous(memory_format=torch.channels_last)
+        for block in self.blocks:
+            x = block(x)  # (B, D, side, side)
+        return x.flatten(2).transpose(1, 2)  # (B, L, D)
+
+    def train(self, mode: bool = True) -> "Tail":
+        super().train(False)  # keep batch-norm statistics; gradients still flow
+        return self
+
+
 class CountProbe(nn.Module):
     """Per category, logits over 0..MAX_COUNT objects, from the mean annotation, summed cells or a summed convolution."""
 
-    def __init__(self, dim: int, categories: int, pooling: str, width: int = 256) -> None:
+    def __init__(self, dim: int, categories: int, pooling: str, width: int = 256, tail: Tail | None = None) -> None:
         super().__init__()
         self.categories = categories
+        self.tail = tail
         self.cells = CellSum(dim, width) if pooling == "cells" else None  # the decoder's own module
         self.conv = ConvSum(dim, width) if pooling == "conv" else None
         self.head = nn.Sequential(nn.Linear(dim if pooling == "mean" else width, width), nn.Tanh(),
                                   nn.Linear(width, categories * (MAX_COUNT + 1)))
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        if self.tail is not None:
+            feats = self.tail(feats)  # (B, L, D)
         if self.cells is not None:
             summary = self.cells(feats)
         elif self.conv is not None:
@@ -92,7 +139,9 @@ class CountProbe(nn.Module):
 
 
 def fit(probe: CountProbe, x: torch.Tensor, y: torch.Tensor, epochs: int) -> None:
-    opt = torch.optim.Adam(probe.parameters(), 1e-3)
+    tail = list(probe.tail.parameters()) if probe.tail is not None else []
+    rest = [q for q in probe.parameters() if all(q is not t for t in tail)]
+    opt = torch.optim.Adam([{"params": rest}, {"params": tail, "lr": 1e-4}], 1e-3)
     for _ in range(epochs):
         for rows in torch.randperm(len(x)).split(64):
             logits = probe(x[rows].float())
@@ -124,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pooling", nargs="+", default=["mean", "cells"], choices=["mean", "cells", "conv"])
+    p.add_argument("--tune-blocks", type=int, default=0,
+                   help="train the last N EfficientNet blocks before the tap with each probe (0: frozen)")
     args = p.parse_args(argv)
     try:
         data = load_karpathy(args.data, args.images)
@@ -135,17 +186,24 @@ def main(argv: list[str] | None = None) -> int:
         encoder = Encoder(ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=dim,
                                       coarse=args.coarse)).eval()
         pre = PreprocessConfig(image_size=size, mean=MEAN, std=STD)
+        tap, upto = encoder.body, encoder.body.upto
+        if not 0 <= args.tune_blocks <= upto or (args.tune_blocks and args.coarse):
+            raise SatError(f"--tune-blocks takes 0 to {upto} blocks, at stride 16 (without --coarse).")
+        source = Head(tap.net, upto - args.tune_blocks).eval() if args.tune_blocks else encoder
         started = time.perf_counter()
-        x_train, y_train = encode_split(data, "train", args.train, encoder, pre, categories)
-        x_test, y_test = encode_split(data, "test", args.test, encoder, pre, categories)
-        print(f"encoded {len(x_train)} + {len(x_test)} scenes, {dim} × {x_train.shape[1]} annotations, "
+        x_train, y_train = encode_split(data, "train", args.train, source, pre, categories)
+        x_test, y_test = encode_split(data, "test", args.test, source, pre, categories)
+        print(f"encoded {len(x_train)} + {len(x_test)} scenes, {x_train.shape[2]} × {x_train.shape[1]} annotations, "
               f"{time.perf_counter() - started:.0f} s", flush=True)
         for pooling in args.pooling:
             torch.manual_seed(args.seed)  # the same seed for the probe's initial weights and its batches
-            probe = CountProbe(dim, len(categories), pooling)
+            tail = Tail(tap.net._blocks[upto - args.tune_blocks + 1 : upto + 1]) if args.tune_blocks else None
+            if tail is not None:
+                tail.requires_grad_(True)
+            probe = CountProbe(dim, len(categories), pooling, tail=tail)
             fit(probe, x_train, y_train, args.epochs)
             s = score(probe, x_test, y_test)
-            print(f"{pooling:>5}: right count of a present category {s['present']:.3f}, of one with ≥ 2 objects "
+            print(f"{pooling:>5}{f' + {args.tune_blocks} trained blocks' if tail else ''}: right count of a present category {s['present']:.3f}, of one with ≥ 2 objects "
                   f"{s['two_or_more']:.3f}, every category of the scene {s['whole_scene']:.3f}", flush=True)
     except SatError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -221,3 +221,36 @@ class _NoEncoder:
         import torch
 
         return Annotations(torch.zeros(len(pixels), 4, 3), (2, 2))
+
+
+def test_count_probe_tuned_tail_starts_at_the_frozen_annotations_and_learns(runs, capsys):
+    """--tune-blocks N: cached head + the last N blocks = the frozen encoder's annotations, until trained."""
+    import torch
+
+    from sat_core import count_probe
+    from sat_core.config import ModelConfig
+    from sat_core.models.encoder import Encoder
+
+    encoder = Encoder(ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=112)).eval()
+    tap = encoder.body
+    images = torch.rand(2, 3, 224, 224) * 2 - 1
+    head, tail = count_probe.Head(tap.net, tap.upto - 3), count_probe.Tail(tap.net._blocks[tap.upto - 2: tap.upto + 1])
+    with torch.no_grad():
+        cached = head(images).feats  # (2, 196, 80)
+        assert cached.shape == (2, 196, 80)
+        assert torch.allclose(tail(cached), encoder(images).feats, atol=1e-5)
+    tail.requires_grad_(True)
+    probe = count_probe.CountProbe(112, 3, "cells", tail=tail)
+    before = [p.detach().clone() for p in tail.parameters()]
+    count_probe.fit(probe, cached, torch.randint(0, count_probe.MAX_COUNT + 1, (2, 3)), epochs=2)
+    assert any(not torch.equal(a, b) for a, b in zip(before, tail.parameters())), "the tail must learn"
+    assert not any(p.requires_grad for p in tap.parameters()), "the encoder itself stays frozen"
+    assert not tail.training  # batch-norm keeps its ImageNet statistics
+
+    root, path = runs["a"]
+    assert count_probe.main(["--data", str(path), "--images", str(root), "--train", "8", "--test", "4",
+                             "--epochs", "1", "--pooling", "cells", "--tune-blocks", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "encoded 8 + 4 scenes, 112 × 196" in out and "cells + 2 trained blocks: right count" in out
+    assert count_probe.main(["--data", str(path), "--images", str(root), "--tune-blocks", "11"]) == 2
+    assert "--tune-blocks takes 0 to 10 blocks" in capsys.readouterr().err
