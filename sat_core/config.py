@@ -173,6 +173,9 @@ class ModelConfig(Config):
     position: bool = option(False, "append each cell's (x, y) centre, from −1 to 1, to its annotation (D + 2): "
                             "ẑ_t then says where α looks, and α can prefer a side (a scenes world made with "
                             "--caption-order left_to_right names objects left to right)")
+    tune_blocks: int = option(0, "efficientnet_lite0: train its last N blocks before the stride-16 tap with the "
+                              "decoder (their input is computed once and cached; batch-norm keeps ImageNet's "
+                              "statistics); 0: the whole encoder frozen, as in the paper", low=0)
     init_cells: int = option(0, "0: f_init,h and f_init,c read the mean annotation (the paper); G > 0: they read "
                              "LayerNorm(Σ_i ReLU(W a_i + b)), a G-wide layer applied to each cell before the sum, "
                              "so the initial state can count objects (a mean of annotations cannot)", low=0)
@@ -210,6 +213,11 @@ class ModelConfig(Config):
         if self.coarse and (self.encoder != "efficientnet_lite0" or self.multiscale):
             raise SatError("coarse (stride-32) annotations need --encoder efficientnet_lite0 without --multiscale; "
                            "drop --coarse or --multiscale.")
+        if self.tune_blocks and (self.encoder != "efficientnet_lite0" or self.multiscale or self.coarse
+                                 or self.finetune_encoder or self.tune_blocks > 10):
+            raise SatError(f"--tune-blocks {self.tune_blocks}: trains 1 to 10 of efficientnet_lite0's blocks before "
+                           "its stride-16 tap; it needs --encoder efficientnet_lite0 without --multiscale, --coarse "
+                           "or --finetune-encoder.")
 
 
 @dataclass(frozen=True)
@@ -259,6 +267,8 @@ class OptimConfig(Config):
                               "over --epochs (per optimizer step)", choices=("constant", "cosine"))
     lr_final: float = option(0.05, "cosine schedule: the last step's rate as a share of --lr", low=0.0)
     weight_decay: float = option(0.0, "L2 weight decay", low=0.0)
+    encoder_lr_scale: float = option(0.1, "learning rate of trained encoder blocks (--tune-blocks) as a share of "
+                                     "the decoder's", low=0.0)
     grad_clip: float = option(5.0, "gradient norm clip; 0: off", low=0.0)
     epochs: int = option(10, "epochs to train", low=1)
     patience: int = option(3, "epochs without a better validation BLEU-4 before stopping; 0: never", low=0)

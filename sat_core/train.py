@@ -200,9 +200,8 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             self.train_model = DDP(self.model, device_ids=[self.device.index] if cuda else None)
-        params = [p for p in self.model.parameters() if p.requires_grad]
         opt = torch.optim.Adam if cfg.optim.optimizer == "adam" else torch.optim.RMSprop
-        self.optimizer = opt(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        self.optimizer = opt(self._param_groups(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.precision = resolve(self.device, cfg.precision)
         if self.world > 1:
             # DDP copies rank 0's initial weights; from here each rank draws its own dropout masks
@@ -225,8 +224,32 @@ class Trainer:
         cfg = self.cfg
         return cfg.optim.dsa_lambda if not self.model.hard or cfg.model.hard.dsa else 0.0
 
+    def _param_groups(self) -> list[dict]:
+        """Everything that learns, at --lr; encoder blocks trained with --tune-blocks at a share of it."""
+        tuned = {id(p) for p in self.model.encoder.parameters() if p.requires_grad and self.model.encoder.tune_blocks}
+        rest = [p for p in self.model.parameters() if p.requires_grad and id(p) not in tuned]
+        groups = [{"params": rest, "lr_scale": 1.0}]
+        if tuned:
+            groups.append({"params": [p for p in self.model.parameters() if id(p) in tuned],
+                           "lr_scale": self.cfg.optim.encoder_lr_scale})
+        return groups
+
+    def _set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+
+    def _annotations(self, rows: list[int]) -> torch.Tensor:
+        """Cached annotations (U, L, D) of store rows; with --tune-blocks, through the trained blocks (fp32)."""
+        cached = self.features[rows].to(self.device).float()
+        if not self.model.encoder.tune_blocks:
+            return cached  # (U, L, D)
+        with torch.autocast(self.device.type, enabled=False):  # the encoder runs in fp32 at inference too
+            return self.model.encoder.from_cached(cached).feats  # (U, C, gh, gw) -> (U, L, D)
+
     def _feature_cache(self) -> torch.Tensor | None:
-        """A frozen encoder gives the same annotations every epoch: compute them once (fp16, CPU)."""
+        """A frozen encoder gives the same annotations every epoch: compute them once (fp16, CPU).
+
+        With --tune-blocks the cache holds the frozen part's output (N, C, gh, gw) instead."""
         cfg = self.cfg
         if self.model.encoder.trainable or cfg.data.cache_features == "off":
             return None
@@ -244,10 +267,15 @@ class Trainer:
         with torch.no_grad():
             for start in range(0, n, chunk):
                 images = normalise(self.store.images[start : start + chunk].to(self.device), self.preprocess)
+                if self.model.encoder.tune_blocks:
+                    fmap = self.model.encoder.cacheable(images.float())  # (b, C, gh, gw)
+                    chunks.append(fmap.half().cpu())
+                    self.grid = (fmap.shape[2], fmap.shape[3])
+                    continue
                 annotations = self.model.encode(images)
                 chunks.append(annotations.feats.half().cpu())  # (b, L, D)
-        self.grid = annotations.grid
-        return torch.cat(chunks)  # (N, L, D)
+                self.grid = annotations.grid
+        return torch.cat(chunks)  # (N, L, D), or (N, C, gh, gw) with --tune-blocks
 
     # -- one epoch
 
@@ -282,7 +310,7 @@ class Trainer:
         with self._autocast():
             if self.features is not None:
                 rows = [self.store.row_of[i] for i in batch.image_ids]
-                feats = self.features[rows].to(self.device).float()  # (U, L, D)
+                feats = self._annotations(rows)  # (U, L, D)
                 out = self.train_model(None, batch.captions, feats=feats, image_index=batch.image_index)
             else:
                 images = normalise(batch.images, self.preprocess)  # (U, 3, S, S)
@@ -296,8 +324,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         parts.total.backward()
         self.lr = cfg.optim.lr_at(self.step, len(self.loader))
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr
+        self._set_lr(self.lr)
         # A finite loss can still have inf/NaN gradients; stepping on them would poison the weights
         # that the next save writes. max_norm=inf only measures.
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip or float("inf"))
@@ -344,7 +371,8 @@ class Trainer:
         refs, hyps = {}, {}
         for ids, images in self.val_images:
             if self.features is not None:  # the cache holds the validation split too: no encoder pass
-                feats = self.features[[self.store.row_of[i] for i in ids]].to(self.device).float()
+                with torch.no_grad():
+                    feats = self._annotations([self.store.row_of[i] for i in ids])  # (U, L, D)
                 inputs = Annotations(feats, self.grid)
             else:
                 inputs = normalise(images, self.preprocess)
@@ -390,7 +418,8 @@ class Trainer:
         saved = unflatten_state(flat, state["skeleton"])
         self.optimizer.load_state_dict(saved["optimizer"])
         for group in self.optimizer.param_groups:  # the saved groups carry the old rate; the config wins
-            group["lr"], group["weight_decay"] = self.cfg.optim.lr, self.cfg.optim.weight_decay
+            group["weight_decay"] = self.cfg.optim.weight_decay
+        self._set_lr(self.cfg.optim.lr)
         torch.set_rng_state(saved["torch_rng"])
         if saved["cuda_rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(saved["cuda_rng"])

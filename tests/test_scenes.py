@@ -231,21 +231,21 @@ def test_count_probe_tuned_tail_starts_at_the_frozen_annotations_and_learns(runs
     from sat_core.config import ModelConfig
     from sat_core.models.encoder import Encoder
 
-    encoder = Encoder(ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=112)).eval()
-    tap = encoder.body
+    frozen = Encoder(ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=112)).eval()
+    tuned = Encoder(ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=112, tune_blocks=3))
     images = torch.rand(2, 3, 224, 224) * 2 - 1
-    head, tail = count_probe.Head(tap.net, tap.upto - 3), count_probe.Tail(tap.net._blocks[tap.upto - 2: tap.upto + 1])
+    tail = count_probe.Tail(tuned)
     with torch.no_grad():
-        cached = head(images).feats  # (2, 196, 80)
+        cached = count_probe.Cached(tuned)(images).feats  # (2, 196, 80): the 80-wide stage before the tap
         assert cached.shape == (2, 196, 80)
-        assert torch.allclose(tail(cached), encoder(images).feats, atol=1e-5)
-    tail.requires_grad_(True)
+        assert torch.allclose(tail(cached), frozen(images).feats, atol=1e-5)
     probe = count_probe.CountProbe(112, 3, "cells", tail=tail)
-    before = [p.detach().clone() for p in tail.parameters()]
+    trained = [p for p in tuned.parameters() if p.requires_grad]
+    assert len(trained) == sum(1 for b in tuned.body.net._blocks[8:11] for _ in b.parameters())
+    before = [p.detach().clone() for p in trained]
     count_probe.fit(probe, cached, torch.randint(0, count_probe.MAX_COUNT + 1, (2, 3)), epochs=2)
-    assert any(not torch.equal(a, b) for a, b in zip(before, tail.parameters())), "the tail must learn"
-    assert not any(p.requires_grad for p in tap.parameters()), "the encoder itself stays frozen"
-    assert not tail.training  # batch-norm keeps its ImageNet statistics
+    assert any(not torch.equal(a, b) for a, b in zip(before, trained)), "the tail must learn"
+    assert not tuned.training  # batch-norm keeps its ImageNet statistics
 
     root, path = runs["a"]
     assert count_probe.main(["--data", str(path), "--images", str(root), "--train", "8", "--test", "4",
@@ -254,3 +254,42 @@ def test_count_probe_tuned_tail_starts_at_the_frozen_annotations_and_learns(runs
     assert "encoded 8 + 4 scenes, 112 × 196" in out and "cells + 2 trained blocks: right count" in out
     assert count_probe.main(["--data", str(path), "--images", str(root), "--tune-blocks", "11"]) == 2
     assert "--tune-blocks takes 0 to 10 blocks" in capsys.readouterr().err
+
+
+def test_training_with_tune_blocks_trains_only_those_blocks_and_saves_them(runs, tmp_path):
+    """--tune-blocks 1: the cache holds the frozen part; the last block before the tap learns at
+    --encoder-lr-scale × --lr, every other encoder weight stays ImageNet's, and the checkpoint keeps it."""
+    import torch
+
+    from sat_core import train
+    from sat_core.checkpoint import load_checkpoint
+    from sat_core.models.efficientnet import efficientnet_lite0
+
+    root, path = runs["a"]
+    args = ["--data", str(path), "--images", str(root), "--out", str(tmp_path / "run"), "--encoder",
+            "efficientnet_lite0", "--tune-blocks", "1", "--embed-dim", "16",
+            "--hidden-dim", "32", "--attn-dim", "16", "--min-word-count", "1", "--batch-size", "8",
+            "--epochs", "1", "--lr", "1e-2", "--encoder-lr-scale", "0.5", "--no-progress", "--device", "cpu",
+            "--val-beam", "1", "--val-max-len", "8", "--precision", "fp32"]
+    assert train.main(args) == 0
+    loaded = load_checkpoint(tmp_path / "run" / "last")
+    assert loaded.model_config.tune_blocks == 1
+    net, reference = loaded.model.encoder.body.net, efficientnet_lite0()
+    changed = {name.split(".")[1] for name, p in net.named_parameters()
+               if name.startswith("_blocks.") and not torch.equal(p, reference.get_parameter(name))}
+    assert changed == {"10"}, "only the block before the stride-16 tap (block 10) may learn"
+    assert torch.equal(net._conv_stem.weight, reference._conv_stem.weight)
+
+    # The optimizer: the tuned block in its own group at --encoder-lr-scale of the decoder's rate.
+    cfg, _ = train.parse_config([*args, "--out", str(tmp_path / "again")])
+    trainer = train.Trainer(cfg)
+    groups = trainer.optimizer.param_groups
+    assert [g["lr_scale"] for g in groups] == [1.0, 0.5]
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in trainer.model.encoder.body.tail_parameters()}
+    trainer._set_lr(0.02)
+    assert [g["lr"] for g in groups] == [0.02, 0.01]
+    assert trainer.features.shape[1:] == (112, 14, 14)  # the cache: block 9's output, before the tuned block
+    with torch.no_grad():  # cached part (fp16) + tuned block = the model's own annotations of the images
+        images = train.normalise(trainer.store.images[:2], trainer.preprocess)
+        direct = trainer.model.encode(images).feats  # (2, 196, 112)
+        assert torch.allclose(trainer._annotations([0, 1]), direct, atol=0.05 * float(direct.abs().max()))

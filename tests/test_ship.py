@@ -40,3 +40,6 @@ def test_scenes_card_names_the_annotations_the_preset_trains_on():
     placed = ship._scenes_encoder(TrainConfig.from_dict({"model": {**model, "position": True}}))
     assert plain.endswith("stride-16 stage → 14×14×112 annotations at 224 px.")
     assert placed.endswith("14×14×112 annotations, each with its cell's (x, y) position at 224 px.")
+    assert ", frozen, stride-16" in plain
+    tuned = ship._scenes_encoder(TrainConfig.from_dict({"model": {**model, "tune_blocks": 3}}))
+    assert "frozen but for its last 3 blocks before the tap, trained with the decoder, stride-16" in tuned

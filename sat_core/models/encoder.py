@@ -149,7 +149,7 @@ class EfficientNetTap(nn.Module):
     grid, stacked on each cell (hypercolumns: where the object is, from stride 16; what it is and how
     many there are, from stride 32, whose features tell categories apart much better)."""
 
-    def __init__(self, channels: int, pretrained: bool) -> None:
+    def __init__(self, channels: int, pretrained: bool, tune_blocks: int = 0) -> None:
         super().__init__()
         from sat_core.models import efficientnet
 
@@ -162,10 +162,24 @@ class EfficientNetTap(nn.Module):
         net = efficientnet.efficientnet_lite0(pretrained=pretrained)
         del net._conv_head, net._bn1, net._fc  # never used for annotations
         self.net = net.to(memory_format=torch.channels_last)
+        self.split = self.upto - tune_blocks  # blocks after this one are trained with the decoder (tune_blocks)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) -> the output of block ``split``: the frozen part, which a trainer can cache."""
+        return self.net.features(x.contiguous(memory_format=torch.channels_last), self.split)
+
+    def tail(self, x: torch.Tensor) -> torch.Tensor:
+        """The blocks after ``split`` up to the tap (none unless tune_blocks): (B, C, h, w) -> (B, D, h, w)."""
+        x = x.contiguous(memory_format=torch.channels_last)
+        for block in self.net._blocks[self.split + 1 : self.upto + 1]:
+            x = block(x)
+        return x
+
+    def tail_parameters(self) -> list[nn.Parameter]:
+        return [p for block in self.net._blocks[self.split + 1 : self.upto + 1] for p in block.parameters()]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous(memory_format=torch.channels_last)
-        fine = self.net.features(x, self.upto)  # (B, D, H/stride, W/stride)
+        fine = self.tail(self.head(x))  # (B, D, H/stride, W/stride)
         if not self.multiscale:
             return fine
         coarse = fine
@@ -185,7 +199,7 @@ class Encoder(nn.Module):
             self.stride = self.body.stride
             self.feature_dim = config.small_channels[-1]
         elif config.encoder == "efficientnet_lite0":
-            self.body = EfficientNetTap(config.feature_dim, config.pretrained)
+            self.body = EfficientNetTap(config.feature_dim, config.pretrained, config.tune_blocks)
             self.stride = self.body.stride
             self.feature_dim = config.feature_dim
         else:
@@ -203,9 +217,15 @@ class Encoder(nn.Module):
         # vgg, resnet and efficientnet_lite0 are frozen, as in the paper, unless fine-tuning is asked for;
         # the small CNN trains end to end unless it was pretrained (sat_core.pretrain), and is then frozen too.
         self.trainable = config.finetune_encoder or (config.encoder == "small" and not config.pretrained)
+        # tune_blocks: the last blocks before the tap learn; the rest stays frozen (and cacheable), and
+        # batch-norm keeps ImageNet's statistics everywhere (the encoder stays in eval mode).
+        self.tune_blocks = config.tune_blocks
         if not self.trainable:
             self.body.requires_grad_(False)
             super().train(False)  # a frozen encoder's batch-norm keeps its statistics from the start
+            if self.tune_blocks:
+                for p in self.body.tail_parameters():
+                    p.requires_grad_(True)
 
     def train(self, mode: bool = True) -> "Encoder":
         # A frozen encoder keeps its batch-norm statistics: stay in eval mode.
@@ -214,10 +234,24 @@ class Encoder(nn.Module):
 
     def forward(self, images: torch.Tensor) -> Annotations:
         """The annotations (B, L, D) and the true grid shape (gh, gw)."""
+        if self.tune_blocks:
+            return self.from_cached(self.cacheable(images))
         with torch.set_grad_enabled(self.trainable and torch.is_grad_enabled()):
             fmap = self.body(images)  # (B, D, gh, gw)
-            if self.pool is not None:
-                fmap = self.pool(fmap)  # (B, D, pool_grid, pool_grid)
+        return self._annotations(fmap)
+
+    def cacheable(self, images: torch.Tensor) -> torch.Tensor:
+        """With tune_blocks: the frozen part's output (B, C, gh, gw), which the trainer computes once."""
+        with torch.no_grad():
+            return self.body.head(images)
+
+    def from_cached(self, fmap: torch.Tensor) -> Annotations:
+        """With tune_blocks: annotations from ``cacheable``'s output through the trained blocks."""
+        return self._annotations(self.body.tail(fmap))  # (B, D, gh, gw) -> (B, L, D)
+
+    def _annotations(self, fmap: torch.Tensor) -> Annotations:
+        if self.pool is not None:
+            fmap = self.pool(fmap)  # (B, D, pool_grid, pool_grid)
         grid = (fmap.shape[2], fmap.shape[3])
         feats = fmap.flatten(2).transpose(1, 2)  # (B, L, D)
         if self.position:
