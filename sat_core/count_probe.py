@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -127,17 +128,22 @@ class CountProbe(nn.Module):
         return self.head(summary).view(-1, self.categories, MAX_COUNT + 1)
 
 
-def fit(probe: CountProbe, x: torch.Tensor, y: torch.Tensor, epochs: int) -> None:
+def fit(probe: CountProbe, x: torch.Tensor, y: torch.Tensor, epochs: int,
+        after_epoch: Callable[[int], None] | None = None) -> None:
+    """Adam over the probe (and any trained encoder blocks, at a tenth of the rate); ``after_epoch(e)``
+    runs after epoch e (1-based), e.g. to report the test figures as training goes."""
     tail = [q for q in probe.tail.parameters() if q.requires_grad] if probe.tail is not None else []
     rest = [q for q in probe.parameters() if q.requires_grad and all(q is not t for t in tail)]
     opt = torch.optim.Adam([{"params": rest}, {"params": tail, "lr": 1e-4}], 1e-3)
-    for _ in range(epochs):
+    for epoch in range(1, epochs + 1):
         for rows in torch.randperm(len(x)).split(64):
             logits = probe(x[rows].float())
             loss = nn.functional.cross_entropy(logits.reshape(-1, MAX_COUNT + 1), y[rows].reshape(-1))
             opt.zero_grad()
             loss.backward()
             opt.step()
+        if after_epoch is not None:
+            after_epoch(epoch)
 
 
 def score(probe: CountProbe, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
@@ -162,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pooling", nargs="+", default=["mean", "cells"], choices=["mean", "cells", "conv"])
+    p.add_argument("--report-every", type=int, default=0,
+                   help="also print the test figures every N epochs (0: only at the end)")
     p.add_argument("--tune-blocks", type=int, default=0,
                    help="train the last N EfficientNet blocks before the tap with each probe (0: frozen)")
     args = p.parse_args(argv)
@@ -190,10 +198,17 @@ def main(argv: list[str] | None = None) -> int:
             torch.manual_seed(args.seed)  # the same seed for the probe's initial weights and its batches
             tail = Tail(encoder()) if args.tune_blocks else None
             probe = CountProbe(dim, len(categories), pooling, tail=tail)
-            fit(probe, x_train, y_train, args.epochs)
-            s = score(probe, x_test, y_test)
-            print(f"{pooling:>5}{f' + {args.tune_blocks} trained blocks' if tail else ''}: right count of a present category {s['present']:.3f}, of one with ≥ 2 objects "
-                  f"{s['two_or_more']:.3f}, every category of the scene {s['whole_scene']:.3f}", flush=True)
+            name = f"{pooling:>5}{f' + {args.tune_blocks} trained blocks' if tail else ''}"
+
+            def report(epoch: int, final: bool = False, probe: CountProbe = probe, name: str = name) -> None:
+                if final or (args.report_every and epoch % args.report_every == 0 and epoch < args.epochs):
+                    s = score(probe, x_test, y_test)
+                    print(f"{name}{'' if final else f' (epoch {epoch})'}: right count of a present category "
+                          f"{s['present']:.3f}, of one with ≥ 2 objects {s['two_or_more']:.3f}, every category "
+                          f"of the scene {s['whole_scene']:.3f}", flush=True)
+
+            fit(probe, x_train, y_train, args.epochs, report)
+            report(args.epochs, final=True)
     except SatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

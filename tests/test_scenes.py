@@ -249,9 +249,10 @@ def test_count_probe_tuned_tail_starts_at_the_frozen_annotations_and_learns(runs
 
     root, path = runs["a"]
     assert count_probe.main(["--data", str(path), "--images", str(root), "--train", "8", "--test", "4",
-                             "--epochs", "1", "--pooling", "cells", "--tune-blocks", "2"]) == 0
+                             "--epochs", "2", "--report-every", "1", "--pooling", "cells", "--tune-blocks", "2"]) == 0
     out = capsys.readouterr().out
     assert "encoded 8 + 4 scenes, 112 × 196" in out and "cells + 2 trained blocks: right count" in out
+    assert out.count("cells + 2 trained blocks (epoch 1): right count") == 1 and "(epoch 2)" not in out
     assert count_probe.main(["--data", str(path), "--images", str(root), "--tune-blocks", "11"]) == 2
     assert "--tune-blocks takes 0 to 10 blocks" in capsys.readouterr().err
 
