@@ -71,9 +71,14 @@ def describe_cpu() -> str:
     if "amx_bf16" in flags:
         return "CPU with AMX: auto = bf16"
     if "avx512_bf16" in flags:
-        maker = "AMD" if cpu_vendor() == "AuthenticAMD" else cpu_vendor() or "unknown vendor"
-        return f"CPU with AVX512-BF16, no AMX ({maker}): auto = {'bf16' if cpu_bf16_pays() else 'fp32'}"
+        maker = {"AuthenticAMD": "AMD", "GenuineIntel": "Intel"}.get(cpu_vendor(), cpu_vendor() or "a")
+        return f"{maker} CPU with AVX512-BF16, no AMX: auto = {'bf16' if cpu_bf16_pays() else 'fp32'}"
     return "CPU without native bf16: auto = fp32"
+
+
+def describe(device: torch.device | str) -> str:
+    """``describe_cpu()`` on a CPU; on CUDA, that ``auto`` is bf16 there."""
+    return "CUDA GPU: auto = bf16" if torch.device(device).type == "cuda" else describe_cpu()
 
 
 def resolve(device: torch.device | str, precision: str = "auto") -> str:

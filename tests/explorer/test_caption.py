@@ -173,3 +173,13 @@ def test_a_broken_checkpoint_shows_its_error_and_others_still_work(explorer_env,
     at.sidebar.selectbox(key="ckpt").set_value("tiny-soft").run()
     assert not at.error
     assert caption_shown(at)
+
+
+def test_sidebar_says_which_precision_decodes_and_why(app):
+    """The card's figures name their precision; the sidebar says which one this machine decodes in."""
+    from sat_core import precision
+
+    expected = precision.resolve("cpu", "auto")
+    shown = [c.value for c in app.sidebar.caption if c.value.startswith("Matrix products in")]
+    assert shown == [f"Matrix products in **{expected}** ({precision.describe_cpu()})."]
+    assert shown[0].endswith(f"auto = {expected}).")
