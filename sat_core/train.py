@@ -226,12 +226,12 @@ class Trainer:
 
     def _param_groups(self) -> list[dict]:
         """Everything that learns, at --lr; encoder blocks trained with --tune-blocks at a share of it."""
-        tuned = {id(p) for p in self.model.encoder.parameters() if p.requires_grad and self.model.encoder.tune_blocks}
-        rest = [p for p in self.model.parameters() if p.requires_grad and id(p) not in tuned]
+        encoder = self.model.encoder
+        tuned = encoder.body.tail_parameters() if encoder.tune_blocks else []
+        rest = [p for p in self.model.parameters() if p.requires_grad and all(p is not q for q in tuned)]
         groups = [{"params": rest, "lr_scale": 1.0}]
         if tuned:
-            groups.append({"params": [p for p in self.model.parameters() if id(p) in tuned],
-                           "lr_scale": self.cfg.optim.encoder_lr_scale})
+            groups.append({"params": tuned, "lr_scale": self.cfg.optim.encoder_lr_scale})
         return groups
 
     def _set_lr(self, lr: float) -> None:
