@@ -24,8 +24,12 @@ batch-64 images decoded one at a time (the speed-up of batching).
 Each row splits a step into parts timed alone at the same N = B·K rows (decode) or B captions × T
 steps (train, forward + backward): the weight GEMMs alone (random tensors of the step's shapes, in
 the row's precision), the attention block alone (the model's own ``AttentionMLP`` + context product),
-the decoder step alone, and the whole step; and the whole step as a multiple of the bf16 GEMM floor
-(the weight GEMMs alone in bf16, what a step cannot go below on this hardware).
+the decoder step alone, and the whole step; and the whole step as a multiple of the GEMM floor:
+the weight GEMMs alone in the fastest precision this hardware has (fp32 or bf16, whichever ran
+them faster; the column says which), what a step cannot go below here. The floor gives each row a
+ceiling (images/s or captions/s with nothing but the floor's products in a step) and the serial
+table the ceiling of batching's speed-up (the ceiling against one image at a time): a target above
+the ceiling cannot be met on this hardware by anything outside its matrix products.
 
 ``compile``: the no-grad attention block of a decode step (add, σ, the product with w) at COCO size,
 batch 64 × beam 5, fp32: the project's chunked eager block against ``torch.compile`` of the plain
@@ -212,6 +216,22 @@ def gemm_runner(shapes: list[Gemm], device: torch.device, dtype: torch.dtype,
     return run
 
 
+def gemm_floor(shapes: list[Gemm], device: torch.device, precision: str, row_seconds: float,
+               backward: bool = False, **short: Any) -> tuple[float, str]:
+    """(seconds, precision) of the weight GEMMs in the fastest precision the hardware has.
+
+    ``row_seconds`` is the row's own precision's time, reused rather than timed twice; the other
+    precision is timed where the hardware has bf16 instructions (every CUDA GPU, CPUs with AVX512-BF16
+    or AMX), even where ``auto`` does not pick it.
+    """
+    times = {precision: row_seconds}
+    if device.type == "cuda" or cpu_has_bf16():
+        other = "bf16" if precision == "fp32" else "fp32"
+        times[other] = timed(gemm_runner(shapes, device, _DTYPES[other], backward=backward), device, **short)[0]
+    best = min(times, key=times.get)
+    return times[best], best
+
+
 def _timed_in(precision: str, fn: Callable[[], Any], device: torch.device, **kwargs: Any) -> float:
     """Best time of ``fn`` with autocast entered once around all runs (as beam_search does)."""
     with autocast(device, precision):
@@ -295,12 +315,13 @@ def train_case(dims: Dims, attention: str, device: torch.device, precision: str 
     T, short = length + 1, {"warmup": 1, "min_time": min_time / 4, "max_runs": 5}
     shapes = train_gemms(dims, batch, T)
     gemm_s = timed(gemm_runner(shapes, device, _DTYPES[precision], backward=True), device, **short)[0]
-    floor_s = (timed(gemm_runner(shapes, device, torch.bfloat16, backward=True), device, **short)[0]
-               if floor else float("nan"))
+    floor_s, floor_p = (gemm_floor(shapes, device, precision, gemm_s, backward=True, **short) if floor
+                        else (float("nan"), ""))
     attn_s = timed(attention_train_runner(model, dims, batch, T, device, precision), device, **short)[0]
     return {"device": device.type, "precision": precision, "dims": dims.name, "attention": attention,
             "batch": batch, "steps": T, "captions_per_s": batch / seconds, "ms_per_step": 1000 * seconds,
-            "gemm_ms": 1000 * gemm_s, "attention_ms": 1000 * attn_s, "bf16_floor_ms": 1000 * floor_s,
+            "gemm_ms": 1000 * gemm_s, "attention_ms": 1000 * attn_s, "floor_ms": 1000 * floor_s,
+            "floor_precision": floor_p, "ceiling_captions_per_s": batch / floor_s,
             "step_over_floor": seconds / floor_s, "peak_mb": mem.mb}
 
 
@@ -377,29 +398,33 @@ def decode_case(dm: DecodeModel, device: torch.device, precision: str, K: int, B
     step_ms = 1000 * seconds / steps
     short = {"warmup": 2, "min_time": min_time / 4, "max_runs": 20}
     shapes = decode_gemms(dm.dims, B * K)
-    gemm_ms = 1000 * timed(gemm_runner(shapes, device, _DTYPES[precision]), device, **short)[0]
-    floor_ms = (1000 * timed(gemm_runner(shapes, device, torch.bfloat16), device, **short)[0]
-                if floor else float("nan"))
+    gemm_s = timed(gemm_runner(shapes, device, _DTYPES[precision]), device, **short)[0]
+    floor_s, floor_p = gemm_floor(shapes, device, precision, gemm_s, **short) if floor else (float("nan"), "")
+    gemm_ms, floor_ms = 1000 * gemm_s, 1000 * floor_s
     attn_ms = 1000 * _timed_in(precision, attention_decode_runner(dm.model, dm.dims, B, K, device, precision),
                                device, **short)
     dec_ms = 1000 * _timed_in(precision, step_decode_runner(dm.model, dm.dims, B, K, device, precision),
                               device, **short)
     return {"device": device.type, "precision": precision, "model": dm.name, "beam": K, "batch": B,
             "images_per_s": B / seconds, "steps": steps, "ms_per_step": step_ms, "decoder_step_ms": dec_ms,
-            "gemm_ms": gemm_ms, "attention_ms": attn_ms, "bf16_floor_ms": floor_ms,
+            "gemm_ms": gemm_ms, "attention_ms": attn_ms, "floor_ms": floor_ms, "floor_precision": floor_p,
+            "ceiling_images_per_s": 1000 * B / (steps * floor_ms),
             "step_over_gemm": step_ms / gemm_ms, "step_over_floor": step_ms / floor_ms, "peak_mb": mem.mb}
 
 
 def one_by_one_case(dm: DecodeModel, device: torch.device, precision: str, K: int, B: int, max_len: int,
-                    batched_images_per_s: float) -> dict[str, Any]:
-    """The same B images decoded one at a time: images/s and the speed-up of batching."""
+                    batched: dict[str, Any]) -> dict[str, Any]:
+    """The same B images decoded one at a time: images/s, the speed-up of batching (``batched`` is
+    ``decode_case``'s row for these images), and the most it could be: the batched row's ceiling
+    (nothing but its GEMM floor in a step) against one at a time."""
     feats = dm.feats[:B].to(device)
     cfg = DecodeConfig(beam_size=K, max_len=max_len, precision=precision)
     run = lambda: [beam_search(dm.model, feats[i : i + 1], dm.vocab, cfg) for i in range(B)]  # noqa: E731
     seconds, _ = timed(run, device, warmup=0, max_runs=1)
     return {"device": device.type, "precision": precision, "model": dm.name, "beam": K,
-            "batch": B, "batched_images_per_s": batched_images_per_s, "one_by_one_images_per_s": B / seconds,
-            "speedup": batched_images_per_s * seconds / B}
+            "batch": B, "batched_images_per_s": batched["images_per_s"], "one_by_one_images_per_s": B / seconds,
+            "speedup": batched["images_per_s"] * seconds / B,
+            "ceiling_speedup": batched["ceiling_images_per_s"] * seconds / B}
 
 
 def run_decode(devices: list[torch.device], *, quick: bool = False, precision: str = "all",
@@ -418,8 +443,7 @@ def run_decode(devices: list[torch.device], *, quick: bool = False, precision: s
             for K in beams:
                 for B in batches:
                     rows.append(_progress(decode_case(dm, device, p, K, B, max_len, min_time)))
-                serial.append(_progress(one_by_one_case(dm, device, p, K, B, max_len,
-                                                        rows[-1]["images_per_s"])))
+                serial.append(_progress(one_by_one_case(dm, device, p, K, B, max_len, rows[-1])))
             dm.model.to("cpu")
     return {"decode": rows, "one_by_one": serial}
 
@@ -514,18 +538,21 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> st
 TRAIN_COLUMNS = [("device", "device", ""), ("dims", "dimensions", ""), ("attention", "attention", ""),
                  ("batch", "batch", "d"), ("steps", "steps", "d"), ("captions_per_s", "captions/s", ".1f"),
                  ("ms_per_step", "ms/step", ".1f"), ("gemm_ms", "GEMMs ms", ".1f"),
-                 ("attention_ms", "attention ms", ".1f"), ("bf16_floor_ms", "bf16 floor ms", ".1f"),
-                 ("step_over_floor", "step/floor", ".2f"), ("peak_mb", "peak MB", ".0f")]
+                 ("attention_ms", "attention ms", ".1f"), ("floor_ms", "floor ms", ".1f"),
+                 ("floor_precision", "floor in", ""), ("step_over_floor", "step/floor", ".2f"),
+                 ("ceiling_captions_per_s", "ceiling c/s", ".1f"), ("peak_mb", "peak MB", ".0f")]
 DECODE_COLUMNS = [("device", "device", ""), ("model", "model", ""), ("beam", "beam", "d"),
                   ("batch", "batch", "d"), ("images_per_s", "images/s", ".1f"), ("steps", "steps", "d"),
                   ("ms_per_step", "ms/step", ".2f"), ("decoder_step_ms", "decoder step ms", ".2f"),
                   ("gemm_ms", "GEMMs ms", ".2f"), ("attention_ms", "attention ms", ".2f"),
-                  ("bf16_floor_ms", "bf16 floor ms", ".2f"), ("step_over_floor", "step/floor", ".2f"),
+                  ("floor_ms", "floor ms", ".2f"), ("floor_precision", "floor in", ""),
+                  ("step_over_floor", "step/floor", ".2f"), ("ceiling_images_per_s", "ceiling img/s", ".1f"),
                   ("peak_mb", "peak MB", ".1f")]
 SERIAL_COLUMNS = [("device", "device", ""), ("model", "model", ""),
                   ("beam", "beam", "d"), ("batch", "images", "d"),
                   ("batched_images_per_s", "batched img/s", ".1f"),
-                  ("one_by_one_images_per_s", "one-by-one img/s", ".1f"), ("speedup", "speed-up", ".1f")]
+                  ("one_by_one_images_per_s", "one-by-one img/s", ".1f"), ("speedup", "speed-up", ".1f"),
+                  ("ceiling_speedup", "ceiling speed-up", ".1f")]
 
 
 def _by_precision(rows: list[dict[str, Any]], columns, title: str) -> str:

@@ -26,9 +26,11 @@ def test_train_quick(tmp_path, capsys):
         (a, "cpu", p) for p in _precisions() for a in ("soft", "hard")]
     for r in rows:
         assert r["captions_per_s"] > 0 and r["ms_per_step"] > 0 and r["peak_mb"] >= 0
-        assert r["gemm_ms"] > 0 and r["attention_ms"] > 0 and r["bf16_floor_ms"] > 0
+        assert r["gemm_ms"] > 0 and r["attention_ms"] > 0 and 0 < r["floor_ms"] <= r["gemm_ms"]
+        assert r["floor_precision"] in _precisions()  # the faster of the row's own and the other precision
         assert r["captions_per_s"] == pytest.approx(r["batch"] * 1000 / r["ms_per_step"])
-        assert r["step_over_floor"] == pytest.approx(r["ms_per_step"] / r["bf16_floor_ms"])
+        assert r["step_over_floor"] == pytest.approx(r["ms_per_step"] / r["floor_ms"])
+        assert r["ceiling_captions_per_s"] == pytest.approx(r["batch"] * 1000 / r["floor_ms"])
     printed = capsys.readouterr().out
     assert "captions/s" in printed and "peak MB" in printed and printed.count(" quick ") == 2 * len(_precisions())
     assert all(f"precision {p}" in printed for p in _precisions())
@@ -45,15 +47,19 @@ def test_decode_quick(tmp_path, capsys):
     for r in rows:
         assert r["steps"] == 4, "<end> is unreachable for random weights: every decode runs max_len steps"
         assert r["images_per_s"] > 0 and r["peak_mb"] >= 0
-        assert r["gemm_ms"] > 0 and r["attention_ms"] > 0 and r["decoder_step_ms"] > 0 and r["bf16_floor_ms"] > 0
-        assert r["step_over_floor"] == pytest.approx(r["ms_per_step"] / r["bf16_floor_ms"])
+        assert r["gemm_ms"] > 0 and r["attention_ms"] > 0 and r["decoder_step_ms"] > 0
+        assert 0 < r["floor_ms"] <= r["gemm_ms"] and r["floor_precision"] in _precisions()
+        assert r["step_over_floor"] == pytest.approx(r["ms_per_step"] / r["floor_ms"])
+        assert r["ceiling_images_per_s"] == pytest.approx(1000 * r["batch"] / (r["steps"] * r["floor_ms"]))
         assert r["ms_per_step"] == pytest.approx(1000 * r["batch"] / r["images_per_s"] / r["steps"])
     assert [(s["beam"], s["batch"]) for s in serial] == [(1, 4), (2, 4)]
     for s, batched in zip(serial, (rows[1], rows[3])):
         assert s["batched_images_per_s"] == batched["images_per_s"] and s["one_by_one_images_per_s"] > 0
         assert s["speedup"] == pytest.approx(s["batched_images_per_s"] / s["one_by_one_images_per_s"])
+        assert s["ceiling_speedup"] == pytest.approx(batched["ceiling_images_per_s"] / s["one_by_one_images_per_s"])
     printed = capsys.readouterr().out
     assert "step/floor" in printed and "one-by-one img/s" in printed and "precision fp32" in printed
+    assert "ceiling img/s" in printed and "ceiling speed-up" in printed
 
 
 def test_compile_quick_agrees_with_the_eager_block(tmp_path, capsys):
