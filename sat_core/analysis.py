@@ -52,3 +52,21 @@ def slice_metrics(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     counts = sorted({r["n_objects"] for r in records if r.get("n_objects") is not None})
     slices += [Slice(f"{n} object{'s' * (n != 1)}", [r for r in records if r.get("n_objects") == n]) for n in counts]
     return [s.summary() for s in slices if s.records]
+
+
+def count_table(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """How the captions' scored counts (``scenes_grounding.CountItem``) compare with the scenes: one row
+    per number of identical objects in the scene, one column per thing said ("1" for a group named one
+    object at a time or in part, "2"…, "plural" for a plural without a number), and the share right.
+    Empty where the records hold no counts (the shapes world, or records written before counts were kept)."""
+    items = [c for r in records for c in ((r.get("grounding") or {}).get("counts") or [])]
+    said = lambda c: "plural" if c["said"] is None else str(c["said"])  # noqa: E731
+    columns = sorted({said(c) for c in items}, key=lambda k: (k == "plural", k))
+    rows = []
+    for n in sorted({c["scene"] for c in items}):
+        here = [c for c in items if c["scene"] == n]
+        row: dict[str, Any] = {"in the scene": n, "counts scored": len(here)}
+        row.update({f"said {k}": sum(said(c) == k for c in here) for k in columns})
+        row["right"] = sum(c["right"] for c in here) / len(here)
+        rows.append(row)
+    return rows

@@ -114,7 +114,24 @@ def _match(mentions: list[Mention], objects: list[dict[str, Any]]) -> list[list[
     return matches
 
 
-def _count_items(mentions: list[Mention], matches: list[list[int]], objects: list[dict[str, Any]]) -> list[bool]:
+@dataclass
+class CountItem:
+    """One scored count: what the caption said of a kind of object against how many the scene holds.
+
+    ``said`` is the stated number (None: a plural without one, "dogs"), or, for a group of identical
+    objects named without one plural mention covering it ("a dog and a dog", "two dogs" of three),
+    the most of the group any one mention named. ``scene``: how many of that kind the scene holds.
+    ``colour``: the mention's stated colour (None when it states none), or the group's colour.
+    """
+
+    category: str
+    colour: str | None
+    said: int | None
+    scene: int
+    right: bool
+
+
+def _count_items(mentions: list[Mention], matches: list[list[int]], objects: list[dict[str, Any]]) -> list[CountItem]:
     """Plural mentions (right iff the scene holds that many of what they matched), and scene groups
     of >= 2 identical objects that were named but not by one plural mention covering them all."""
     by_id = {o["id"]: o for o in objects}
@@ -128,10 +145,13 @@ def _count_items(mentions: list[Mention], matches: list[list[int]], objects: lis
             continue
         ref = by_id[ids[0]]
         n_scene = sum(o["category"] == ref["category"] and _colour_ok(m, o) for o in objects)
-        items.append(n_scene == m.count if m.count is not None else n_scene >= 2)
+        right = n_scene == m.count if m.count is not None else n_scene >= 2
+        items.append(CountItem(ref["category"], m.colour, m.count, n_scene, right))
         covered |= {key for key, g in groups.items() if g <= set(ids)}
-    named = {i for ids in matches for i in ids}
-    items += [False for key, g in groups.items() if key not in covered and g & named]
+    for (category, colour), g in groups.items():
+        named = [len(g & set(ids)) for ids in matches]
+        if (category, colour) not in covered and any(named):
+            items.append(CountItem(category, colour, max(named), len(g), False))
     return items
 
 
@@ -145,11 +165,12 @@ class SceneGrounding:
     recall: float | None  # objects named with the right category and colour / objects
     category_accuracy: float | None  # over matched (mention unit, object) pairs
     colour_accuracy: float | None  # over matched pairs that state a colour
-    count_accuracy: float | None
+    count_accuracy: float | None  # over ``counts``
     relation_accuracy: float | None  # over stated relations whose mentions both matched
     place_accuracy: float | None  # over place words (needs the scene's place)
     errors: dict[str, int]
     token_objects: dict[int, list[int]]
+    counts: list[CountItem] = field(default_factory=list)  # every scored count, right or wrong
 
     @property
     def labels(self) -> list[str]:
@@ -179,6 +200,7 @@ def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | No
     category_ok = [m.category == o["category"] for m, o in pairs]
     colour_ok = [m.colour == o["colour"] for m, o in pairs if m.colour is not None]
     counts = _count_items(mentions, matches, objects)
+    count_ok = [item.right for item in counts]
     relations = [all(relation_holds(r.relation, by_id[a], by_id[b]) for a in matches[r.a] for b in matches[r.b])
                  for r in parsed.relations if matches[r.a] and matches[r.b]]
     flying = any(o.get("layer") == "air" for o in objects)
@@ -186,7 +208,7 @@ def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | No
     matched = {i for ids in matches for i in ids}
     errors = {
         "wrong_category": category_ok.count(False), "wrong_colour": colour_ok.count(False),
-        "wrong_count": counts.count(False), "wrong_relation": relations.count(False),
+        "wrong_count": count_ok.count(False), "wrong_relation": relations.count(False),
         "wrong_place": places.count(False),
         "missed_object": sum(o["id"] not in matched for o in objects),
         "hallucinated_object": sum(not ids for ids in matches),
@@ -196,7 +218,8 @@ def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | No
         precision=len(right) / units if units else None,
         recall=len(named) / len(objects) if objects else None,
         category_accuracy=_mean(category_ok), colour_accuracy=_mean(colour_ok),
-        count_accuracy=_mean(counts), relation_accuracy=_mean(relations), place_accuracy=_mean(places),
+        count_accuracy=_mean(count_ok), relation_accuracy=_mean(relations), place_accuracy=_mean(places),
         errors={k: v for k, v in errors.items() if v},
         token_objects={t: sorted(ids) for m, ids in zip(mentions, matches) for t in m.tokens},
+        counts=counts,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sat_core.analysis import slice_metrics, word_type_correctness
+from sat_core.analysis import count_table, slice_metrics, word_type_correctness
 from sat_core.config import DecodeConfig
 from tests.explorer.conftest import explorer_env  # noqa: F401  (a fixture)
 
@@ -56,3 +56,19 @@ def test_slice_metrics_group_records():
     assert rows["error: wrong_colour"]["images"] == 2 and rows["error: wrong_colour"]["CIDEr"] == pytest.approx(0.25)
     assert rows["error: wrong_colour"]["attention_correctness"] == pytest.approx(0.2)  # None is left out
     assert rows["2 objects"]["images"] == 2 and rows["1 object"]["BLEU-4"] == pytest.approx(0.5)
+
+
+def test_count_table_crosses_what_was_said_with_the_scene():
+    from sat_core.scenes_grounding import ground
+    from tests.test_scenes_grounding import TWO_DOGS
+
+    captions = ["two dogs and a cat", "a dog and a cat", "three dogs", "dogs", "two cats", "a cat"]
+    records = [{"grounding": ground(c.split(), TWO_DOGS).to_dict()} for c in captions]
+    records.append({"grounding": None})  # an image without grounding
+    rows = {r["in the scene"]: r for r in count_table(records)}
+    assert set(rows) == {1, 2}
+    assert rows[1] == {"in the scene": 1, "counts scored": 1, "said 1": 0, "said 2": 1, "said 3": 0,
+                       "said plural": 0, "right": 0.0}  # "two cats" of one
+    assert rows[2]["counts scored"] == 4 and rows[2]["right"] == pytest.approx(0.5)
+    assert (rows[2]["said 1"], rows[2]["said 2"], rows[2]["said 3"], rows[2]["said plural"]) == (1, 1, 1, 1)
+    assert count_table([{"grounding": {"precision": 1.0}}]) == []  # the shapes world: no counts kept

@@ -102,3 +102,27 @@ def test_generated_references_ground_perfectly():
     assert agg["wrong_category_rate"] == 0.0
     stated = np.mean([bool(r.parsed.relations) for r in rows])
     assert agg["relations_stated"] == pytest.approx(stated) and 0.3 < stated < 1.0
+
+
+TWO_DOGS = [_obj(0, "dog", "brown", [0, 100, 30, 30]), _obj(1, "dog", "brown", [100, 100, 30, 30]),
+            _obj(2, "cat", "black", [50, 100, 30, 30])]
+
+
+@pytest.mark.parametrize("caption, said, scene, right", [
+    ("two dogs and a cat", 2, 2, True),
+    ("dogs next to a cat", None, 2, True),  # a plural without a number is right for two or more
+    ("three dogs", 3, 2, False),
+    ("two cats", 2, 1, False),  # one cat said to be two
+    ("a dog and a cat", 1, 2, False),  # a group of two named as one
+    ("a dog and a dog", 1, 2, False),  # named one at a time: no mention covers the group
+])
+def test_counts_say_what_was_said_against_the_scene(caption, said, scene, right):
+    out = ground(caption.split(), TWO_DOGS)
+    assert [(c.said, c.scene, c.right) for c in out.counts] == [(said, scene, right)]
+    assert out.count_accuracy == float(right)
+    assert ("wrong_count" in out.labels) == (not right)
+    assert out.to_dict()["counts"][0]["said"] == said  # the records keep them
+
+
+def test_singular_mentions_of_single_objects_are_not_counts():
+    assert ground("a brown dog next to a black cat".split(), TWO_DOGS[1:]).counts == []

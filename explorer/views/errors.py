@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from sat_core.errors import SatError
-from sat_core.analysis import slice_metrics, word_type_correctness
+from sat_core.analysis import count_table, slice_metrics, word_type_correctness
 
 from explorer import stepping
 from explorer import resources as res
@@ -157,6 +157,15 @@ def main() -> None:
         st.dataframe(pd.DataFrame(words), hide_index=True, width="stretch")
     else:
         st.info("No generated word could be grounded to an object, so there is no attention correctness to show.")
+    counts = count_table(records)
+    if counts:
+        st.subheader("Counts: what the captions said against the scene")
+        st.dataframe(pd.DataFrame(counts), hide_index=True, width="stretch",
+                     column_config={"right": st.column_config.NumberColumn("right", format="%.3f")})
+        st.caption("Every scored count: a plural mention (\"two dogs\", or \"dogs\" without a number: said "
+                   "plural), and every group of identical objects in the scene that a caption named without one "
+                   "mention covering it all (\"a dog\" of two: said 1, the most of the group any one mention "
+                   "named). Rows: how many of that kind the scene holds. *right* is the count accuracy of the row.")
     draw_help("What these numbers mean", (
         "CIDEr and BLEU-4 are per-image scores against the image's references (mean per slice; corpus "
         "BLEU pools counts, so the top row can differ). Error labels from the references hold for every dataset: "

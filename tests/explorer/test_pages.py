@@ -130,6 +130,11 @@ def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkey
     records = result.pop("records")
     for k, record in enumerate(records):  # captions the app cannot have decoded itself
         record.update(caption=f"stored caption {record['image_id']}", errors=["wrong_count"] if k else [])
+    if searched:  # scenes-world records keep their scored counts (scenes_grounding.CountItem)
+        said = [(2, 2, True), (1, 2, False), (3, 2, False), (None, 3, True)]
+        for record, (n, scene, right) in zip(records, said):
+            record["grounding"] = {**(record.get("grounding") or {}), "counts": [
+                {"category": "dog", "colour": None, "said": n, "scene": scene, "right": right}]}
     (folder / "eval_records.json").write_text(json.dumps({"split": "test", "beam": 1, "records": records}))
     result["grounded"]["precision"] = 0.5
     if searched:
@@ -150,3 +155,11 @@ def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkey
     assert metrics.get("search errors") == ("0.250" if searched else None)
     assert metrics["CIDEr"] == f"{result['corpus']['CIDEr']:.3f}"
     assert any("eval_records.json" in c.value for c in at.caption)
+    headers = [h.value for h in at.subheader]
+    assert ("Counts: what the captions said against the scene" in headers) == searched
+    if searched:
+        counts = at.dataframe[-1].value.set_index("in the scene")
+        assert list(counts.index) == [2, 3]
+        assert counts.loc[2, "counts scored"] == 3 and counts.loc[2, "right"] == pytest.approx(1 / 3)
+        assert (counts.loc[2, "said 1"], counts.loc[2, "said 2"], counts.loc[2, "said 3"]) == (1, 1, 1)
+        assert counts.loc[3, "said plural"] == 1 and counts.loc[3, "right"] == 1.0
