@@ -4,6 +4,7 @@
     python -m sat_core.bench decode [--device …] [--precision …] [--model all|coco|shipped] [--quick] [--json OUT]
     python -m sat_core.bench agreement --checkpoint checkpoints/shapes_soft --data data/world/dataset.json --images data/world
     python -m sat_core.bench compile [--device …] [--quick]
+    python -m sat_core.bench graph --device cuda [--quick] [--json OUT]
 
 Every table says which precision ran (``sat_core.precision``); ``--precision all`` (the default) runs
 fp32 and, where the hardware has native bf16, bf16: one table per precision.
@@ -35,6 +36,13 @@ the ceiling cannot be met on this hardware by anything outside its matrix produc
 batch 64 × beam 5, fp32: the project's chunked eager block against ``torch.compile`` of the plain
 expression (which Inductor fuses into one loop), with the seconds the compile took and the largest
 difference between the two.
+
+``graph`` (CUDA only): ``Decoder.step`` at COCO size, beam 5, batches 1, 16 and 64, soft attention,
+fp32 and bf16, three ways: eager, replayed from a CUDA graph captured once (``torch.cuda.graph``), and
+``torch.compile(mode="reduce-overhead")`` (Inductor's kernels inside its own CUDA graphs), with the
+seconds each took to build and the largest logit difference from eager; beside them the whole beam
+step of ``beam_search`` at the same size, eager, for scale. A GPU step of this model is a few hundred
+small kernels, so launching them, not running them, is what a graph can save.
 
 ``agreement``: decodes a checkpoint's split in fp32 and in bf16 and reports the share of images whose
 best caption is the same, and both BLEU-4s.
@@ -522,6 +530,96 @@ def run_compile(device: torch.device, quick: bool = False) -> dict[str, Any]:
             "max_abs_diff": diff}
 
 
+# ---- graph: the decode step eager, as a CUDA graph, and compiled with mode="reduce-overhead" ----------
+
+def _repeat(fn: Callable[[], Any], n: int) -> Callable[[], None]:
+    def run() -> None:
+        for _ in range(n):
+            fn()
+    return run
+
+
+def graph_case(dm: DecodeModel, device: torch.device, precision: str, B: int, K: int,
+               reps: int) -> dict[str, Any]:
+    """ms per ``Decoder.step`` at N = B·K rows: eager, CUDA graph replay, compiled (reduce-overhead)."""
+    dec = dm.model.decoder
+    feats = dm.feats[:B].to(device)
+    with torch.no_grad(), autocast(device, precision):
+        prep, h, c = dec.prepare(feats)
+    h, c = h.repeat_interleave(K, 0), c.repeat_interleave(K, 0)  # (N, n)
+    tokens = torch.full((B * K,), len(SPECIALS), dtype=torch.long, device=device)  # (N,)
+
+    def step() -> torch.Tensor:
+        with autocast(device, precision, cache=False):
+            return dec.step(tokens, h, c, prep).logits  # (N, V)
+
+    short = {"warmup": 1, "min_time": 0.5, "max_runs": 5}
+    with torch.no_grad():
+        reference = step().float()
+        eager_ms = 1000 * timed(_repeat(step, reps), device, **short)[0] / reps
+
+        started = time.perf_counter()
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm up off the capture stream, as torch.cuda.graph asks
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step()
+        graph.replay()
+        _sync(device)
+        graph_build_s = time.perf_counter() - started
+        graph_diff = float((captured.float() - reference).abs().max())
+        graph_ms = 1000 * timed(_repeat(graph.replay, reps), device, **short)[0] / reps
+
+        started = time.perf_counter()
+        compiled = torch.compile(step, mode="reduce-overhead", dynamic=False)
+        for _ in range(3):  # reduce-overhead records its graph on the third call
+            out = compiled()
+        _sync(device)
+        compile_s = time.perf_counter() - started
+        compiled_diff = float((out.float() - reference).abs().max())
+        compiled_ms = 1000 * timed(_repeat(compiled, reps), device, **short)[0] / reps
+
+    cfg = DecodeConfig(beam_size=K, max_len=20, precision=precision)
+    results: list = []
+
+    def search() -> None:
+        results[:] = beam_search(dm.model, feats, dm.vocab, cfg)
+
+    beam_ms = 1000 * timed(search, device, **short)[0] / _steps_taken(results)  # warm-up filled results
+    return {"device": device.type, "precision": precision, "model": dm.name, "beam": K, "batch": B,
+            "beam_step_ms": beam_ms, "eager_ms": eager_ms, "graph_ms": graph_ms, "compiled_ms": compiled_ms,
+            "graph_speedup": eager_ms / graph_ms, "compiled_speedup": eager_ms / compiled_ms,
+            "graph_build_s": graph_build_s, "compile_s": compile_s,
+            "graph_max_diff": graph_diff, "compiled_max_diff": compiled_diff}
+
+
+def run_graph(device: torch.device, quick: bool = False, precision: str = "all") -> list[dict[str, Any]]:
+    if device.type != "cuda":
+        raise SatError("bench graph times CUDA graphs and needs a CUDA GPU (--device cuda); "
+                       "on a CPU, `bench decode` and `bench compile` time the decode step.")
+    batches, reps = ((1, 4), 3) if quick else ((1, 16, 64), 50)
+    dm = random_model(QUICK if quick else COCO, max(batches))
+    dm.model.to(device)
+    rows = []
+    for _, p in _cases([device], precision):
+        for B in batches:
+            torch._dynamo.reset()  # each case compiles afresh: its compile_s is a first compile
+            rows.append(_progress(graph_case(dm, device, p, B, 2 if quick else 5, reps)))
+    return rows
+
+
+GRAPH_COLUMNS = [("device", "device", ""), ("beam", "beam", "d"), ("batch", "batch", "d"),
+                 ("beam_step_ms", "beam step ms (eager)", ".2f"), ("eager_ms", "decoder step ms eager", ".3f"),
+                 ("graph_ms", "CUDA graph", ".3f"), ("compiled_ms", "reduce-overhead", ".3f"),
+                 ("graph_speedup", "graph ×", ".1f"), ("compiled_speedup", "compiled ×", ".1f"),
+                 ("graph_build_s", "capture s", ".2f"), ("compile_s", "compile s", ".1f"),
+                 ("graph_max_diff", "graph Δ", ".1e"), ("compiled_max_diff", "compiled Δ", ".1e")]
+
+
 # ---- command line -------------------------------------------------------------------------------
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -571,7 +669,7 @@ def _devices(name: str) -> list[torch.device]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sat_core.bench", description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=("train", "decode", "agreement", "compile"))
+    p.add_argument("what", choices=("train", "decode", "agreement", "compile", "graph"))
     p.add_argument("--device", default="auto", help="auto (CPU, and CUDA when present) | cpu | cuda")
     p.add_argument("--precision", default="all", choices=("all", *PRECISIONS),
                    help="all: fp32 and, where the hardware has native bf16, bf16 (train, decode)")
@@ -634,6 +732,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"chunked eager {figures['eager_chunked_ms']:.1f} ms, whole eager {figures['eager_whole_ms']:.1f} ms, "
                   f"torch.compile {figures['compiled_ms']:.1f} ms after {figures['compile_s']:.0f} s of compiling "
                   f"(largest difference {figures['max_abs_diff']:.1e})")
+        elif args.what == "graph":
+            figures = {"graph": run_graph(devices[-1], quick=args.quick, precision=args.precision)}
+            print(_by_precision(figures["graph"], GRAPH_COLUMNS,
+                                "the decode step (Decoder.step, soft attention) eager, as a CUDA graph, compiled"))
         else:
             figures = run(args.what, devices, quick=args.quick, precision=args.precision, which=args.model)
     except SatError as err:

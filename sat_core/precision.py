@@ -94,16 +94,17 @@ def resolve(device: torch.device | str, precision: str = "auto") -> str:
 
 
 @contextlib.contextmanager
-def autocast(device: torch.device | str, precision: str = "auto") -> Iterator[str]:
+def autocast(device: torch.device | str, precision: str = "auto", *, cache: bool = True) -> Iterator[str]:
     """Run the block in the resolved precision; yields ``"bf16"`` or ``"fp32"``.
 
     Enter it once around a whole decode or training step, not per decoder step: autocast keeps the
-    bf16 copies of the weights it casts until the outermost block exits.
+    bf16 copies of the weights it casts until the outermost block exits. ``cache=False`` casts at
+    every call instead, as a CUDA graph capture needs (a cached copy would be freed under the graph).
     """
     device = torch.device(device)
     resolved = resolve(device, precision)
     if resolved == "bf16":
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache):
             yield resolved
     else:
         with torch.autocast(device.type, enabled=False):

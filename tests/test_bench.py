@@ -86,3 +86,19 @@ def test_cuda_device_refused_without_gpu(capsys):
         pytest.skip("a GPU is present")
     assert bench.main(["decode", "--quick", "--device", "cuda"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_graph_refused_on_cpu(capsys):
+    assert bench.main(["graph", "--quick", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err and "--device cuda" in err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graph_replay_matches_eager_on_cuda():
+    rows = bench.run_graph(torch.device("cuda"), quick=True, precision="all")
+    assert {r["precision"] for r in rows} == {"fp32", "bf16"} and len(rows) == 4
+    for r in rows:
+        assert r["graph_max_diff"] < 1e-3  # the same kernels replayed: the same logits
+        assert r["compiled_max_diff"] < (0.1 if r["precision"] == "bf16" else 1e-2)
+        assert r["eager_ms"] > 0 and r["graph_ms"] > 0 and r["compiled_ms"] > 0
