@@ -4,8 +4,8 @@
 "there is a kite above a person on the beach". A caption names every group of identical objects
 (same category and colour) once, with its count; pairs of groups are joined by a relation when one
 holds clearly (``scenes.relation_holds(strict=True)``); most captions end with the place. The groups
-come in random order (``caption_order="random"``, the shipped world) or left to right
-(``"left_to_right"``: by their leftmost member, so "left of" is the one horizontal relation stated).
+come left to right (``caption_order="left_to_right"``, the shipped world: by their leftmost member, so
+"left of" is the one horizontal relation stated) or in random order (``"random"``).
 Each count word, colour and noun is linked to the ids of the objects it names (world.py's ``links``).
 """
 
@@ -66,7 +66,7 @@ def _phrase(relation: str, rng: np.random.Generator) -> list[Token]:
 
 
 def caption(gs: list[list[dict[str, Any]]], place: str, rng: np.random.Generator,
-            caption_order: str = "random") -> list[Token]:
+            caption_order: str = "left_to_right") -> list[Token]:
     """One caption naming every group, with relations where they hold and (usually) the place."""
     cats = [g[0]["category"] for g in gs]
     need_colour = [cats.count(c) > 1 for c in cats]  # colour tells same-category groups apart
@@ -118,7 +118,7 @@ def caption(gs: list[list[dict[str, Any]]], place: str, rng: np.random.Generator
 
 
 def describe(objects: list[dict[str, Any]], place: str, rng: np.random.Generator,
-             n: int = CAPTIONS_PER_IMAGE, caption_order: str = "random") -> list[dict[str, Any]]:
+             n: int = CAPTIONS_PER_IMAGE, caption_order: str = "left_to_right") -> list[dict[str, Any]]:
     """n reference captions (distinct where the grammar allows): {"tokens", "raw", "links"}."""
     gs = groups(objects)
     found: dict[tuple[str, ...], list[Token]] = {}

@@ -38,10 +38,25 @@ def preset_path(name: str) -> Path:
 
 
 def ensure_world(cfg: TrainConfig, kind: str = "shapes") -> None:
-    if Path(cfg.data.dataset).is_file():
-        return
-    from sat_core.world import generate
+    """Generate the preset's world if it is missing; refuse a scenes world whose captions name the objects
+    in another order than the shipped models were trained on (worlds written before the order was kept
+    in dataset.json are random-order ones)."""
+    from sat_core.world import SHIPPED_CAPTION_ORDER, generate
 
+    path = Path(cfg.data.dataset)
+    if path.is_file():
+        if kind == "scenes":
+            try:
+                order = json.loads(path.read_text()).get("caption_order", "random")
+            except (OSError, ValueError) as err:
+                raise SatError(f"Cannot read {path} ({err}); delete its folder and run the ship again to "
+                               "regenerate the world.") from err
+            if order != SHIPPED_CAPTION_ORDER:
+                raise SatError(
+                    f"{path} names the objects in {order} order, but the shipped scenes models are trained on "
+                    f"--caption-order {SHIPPED_CAPTION_ORDER}. Move {path.parent} aside (or delete it) and run "
+                    "the ship again: it regenerates the world (about 1.5 minutes).")
+        return
     generate(Path(cfg.data.images), WORLD["train"], WORLD["val"], WORLD["test"], seed=WORLD["seed"], kind=kind)
 
 

@@ -57,6 +57,7 @@ SIZE_WORDS = {"small": "small", "big": "big", "large": "big"}
 COUNT_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4}
 NUMBER_WORDS = {2: "two", 3: "three", 4: "four"}
 CAPTION_ORDERS = ("random", "left_to_right")  # the scenes world's references (sat_core.scenes_captions)
+SHIPPED_CAPTION_ORDER = "left_to_right"  # the order the shipped scenes models were trained on
 RELATIONS = ("left_of", "right_of", "above", "below")
 CONVERSE = {"left_of": "right_of", "right_of": "left_of", "above": "below", "below": "above"}
 RELATION_PHRASES: dict[tuple[str, ...], str] = {
@@ -422,12 +423,12 @@ def _prepare_out_dir(out_dir: Path) -> None:
 
 
 def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: int = 0,
-             workers: int = 2, kind: str = "shapes", caption_order: str = "random") -> Path:
+             workers: int = 2, kind: str = "shapes", caption_order: str = SHIPPED_CAPTION_ORDER) -> Path:
     """Write the dataset (images + dataset.json) under out_dir; return the dataset.json path.
 
     kind: "shapes" (this module: 112 px coloured shapes, the fast test world) or "scenes"
-    (sat_core.scenes: 224 px everyday objects in places). caption_order (scenes only): "random" or
-    "left_to_right" (sat_core.scenes_captions).
+    (sat_core.scenes: 224 px everyday objects in places). caption_order (scenes only): "left_to_right"
+    (the shipped world) or "random" (sat_core.scenes_captions); a scenes dataset.json records it.
     """
     if kind not in KINDS:
         raise SatError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}.")
@@ -453,7 +454,7 @@ def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: i
         path = out_dir / "dataset.json"
         name, size = ("sat_scenes", 224) if kind == "scenes" else ("sat_world", IMAGE_SIZE)
         data = {"dataset": name, "kind": kind, "seed": seed, "image_size": size,
-                **({"caption_order": caption_order} if caption_order != "random" else {}), "images": images}
+                **({"caption_order": caption_order} if kind == "scenes" else {}), "images": images}
         path.write_text(json.dumps(data, separators=(",", ":")))
     except OSError as err:
         raise DatasetError(f"Cannot write the dataset under {out_dir} ({err}); "
@@ -486,9 +487,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--test", type=_count, default=500)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=_positive, default=2)
-    p.add_argument("--caption-order", choices=CAPTION_ORDERS, default="random",
-                   help="scenes: name the objects in random order, or left to right (then 'left of' is the one "
-                        "horizontal relation)")
+    p.add_argument("--caption-order", choices=CAPTION_ORDERS, default=SHIPPED_CAPTION_ORDER,
+                   help="scenes: name the objects left to right (the shipped world: 'left of' is then the one "
+                        "horizontal relation) or in random order")
     args = p.parse_args(argv)
     start = time.perf_counter()
     try:

@@ -43,3 +43,28 @@ def test_scenes_card_names_the_annotations_the_preset_trains_on():
     assert ", frozen, stride-16" in plain
     tuned = ship._scenes_encoder(TrainConfig.from_dict({"model": {**model, "tune_blocks": 3}}))
     assert "frozen but for its last 3 blocks before the tap, trained with the decoder, stride-16" in tuned
+
+
+def test_a_scenes_world_in_another_caption_order_is_refused_with_what_to_do(tmp_path):
+    from sat_core.errors import SatError
+
+    folder = tmp_path / "scenes"
+    folder.mkdir()
+    cfg = TrainConfig.from_dict({"data": {"dataset": str(folder / "dataset.json"), "images": str(folder)}})
+    (folder / "dataset.json").write_text(json.dumps({"kind": "scenes", "images": []}))  # written before the key
+    with pytest.raises(SatError, match=r"random order.*--caption-order left_to_right.*Move .*scenes aside"):
+        ship.ensure_world(cfg, "scenes")
+    (folder / "dataset.json").write_text(json.dumps({"kind": "scenes", "caption_order": "left_to_right",
+                                                     "images": []}))
+    ship.ensure_world(cfg, "scenes")  # the shipped order: used as it is
+    assert json.loads((folder / "dataset.json").read_text())["images"] == []
+
+
+def test_the_scenes_world_names_objects_left_to_right_unless_told_otherwise(tmp_path):
+    from sat_core import world
+
+    left = json.loads(world.generate(tmp_path / "a", 2, 0, 0, seed=3, workers=1, kind="scenes").read_text())
+    rand = json.loads(world.generate(tmp_path / "b", 2, 0, 0, seed=3, workers=1, kind="scenes",
+                                     caption_order="random").read_text())
+    assert left["caption_order"] == "left_to_right" and rand["caption_order"] == "random"
+    assert [im["objects"] for im in left["images"]] == [im["objects"] for im in rand["images"]]
