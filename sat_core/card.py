@@ -49,13 +49,20 @@ def _figure(value: Any) -> str:
     return str(value) if isinstance(value, int) else f"{value:.3f}"
 
 
+def _training_of_encoder(model: dict[str, Any]) -> str:
+    if model.get("finetune_encoder"):
+        return "fine-tuned"
+    n = int(model.get("tune_blocks") or 0)
+    return f"frozen but for its last {n} block{'s' if n > 1 else ''}, trained with the decoder" if n else "frozen"
+
+
 def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, about: Sequence[str] = ()) -> str:
     """MODEL_CARD.md text: what the model is, what it was trained on, its evaluation figures."""
     model, training = config.get("model", {}), config.get("training", {})
     lines = [f"# SAT Explorer — `{name}` ({model.get('attention', '?')} attention)", "", *about]
     lines += [
         "", "## Model",
-        f"- Encoder: {model.get('encoder', '?')} ({'fine-tuned' if model.get('finetune_encoder') else 'frozen'}); "
+        f"- Encoder: {model.get('encoder', '?')} ({_training_of_encoder(model)}); "
         f"annotations of {model.get('feature_dim', '?')} dimensions"
         f"{' plus each cell’s (x, y) position' if model.get('position') else ''} at "
         f"{config.get('preprocess', {}).get('image_size', '?')} px.",

@@ -78,3 +78,15 @@ def test_card_names_the_learning_rate_schedule(optim, line):
                                                            "train_config": {"optim": optim}}}
     card = model_card("m", config, {"split": "test"})
     assert line in card.splitlines()
+
+
+@pytest.mark.parametrize("model, words", [
+    ({"encoder": "efficientnet_lite0"}, "(frozen);"),
+    ({"encoder": "efficientnet_lite0", "tune_blocks": 3}, "(frozen but for its last 3 blocks, trained with the decoder);"),
+    ({"encoder": "efficientnet_lite0", "tune_blocks": 1}, "(frozen but for its last 1 block, trained with the decoder);"),
+    ({"encoder": "vgg19", "finetune_encoder": True}, "(fine-tuned);"),
+])
+def test_card_says_which_part_of_the_encoder_was_trained(model, words):
+    card = model_card("m", {"model": {"attention": "soft", **model}}, {"split": "test"})
+    line = next(x for x in card.splitlines() if x.startswith("- Encoder:"))
+    assert words in line
