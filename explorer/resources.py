@@ -21,7 +21,7 @@ from sat_core.checkpoint import CARD_FILE, CONFIG_FILE, LoadedCheckpoint, load_c
 from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.data import ImageRecord, KarpathyData, load_karpathy
 from sat_core.decoding import Hypothesis, Intervention, beam_search, sample_hard, sample_locations, score_caption
-from sat_core.domain import DomainCheck, DomainReference
+from sat_core.domain import DomainCheck, DomainReference, mean_annotations
 from sat_core.errors import DatasetError, SatError
 from sat_core.evaluate import read_records
 from sat_core.images import CropInfo, crop_for_display, load_image, preprocess
@@ -196,10 +196,16 @@ def domain_reference(loaded: LoadedCheckpoint, source: DataSource) -> DomainRefe
 
 @st.cache_data(max_entries=64, ttl=3600, show_spinner=False)
 def domain_check(key: str, ckpt: str, source: DataSource, _loaded: LoadedCheckpoint,
-                 _original: np.ndarray) -> DomainCheck:
+                 _original: np.ndarray, _tensor: Any = None) -> DomainCheck:
+    """The checks of ``domain_reference``; with the encoder's input ``_tensor`` (3, S, S), the
+    encoder's view too when the checkpoint stored one."""
     from PIL import Image
 
-    return domain_reference(_loaded, source).check(Image.fromarray(_original))
+    reference = domain_reference(_loaded, source)
+    annotation = None
+    if reference.annotations is not None and _tensor is not None:
+        annotation = mean_annotations(_loaded.model, _tensor[None])[0]
+    return reference.check(Image.fromarray(_original), annotation)
 
 
 # ---- decoding results -----------------------------------------------------------------------------

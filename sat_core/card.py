@@ -11,34 +11,57 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+from PIL import Image
+
 from sat_core.caption_errors import WordStats
 from sat_core.checkpoint import CARD_FILE, METRICS_FILE, LoadedCheckpoint
+from sat_core.config import PreprocessConfig
 from sat_core.data import KarpathyData
-from sat_core.domain import DomainReference
+from sat_core.domain import AnnotationReference, DomainReference, mean_annotations
 from sat_core.errors import ImageError
-from sat_core.images import load_image
+from sat_core.images import load_image, preprocess
 from sat_core.io import atomic_write, write_json_atomic
 
 RECORDS_FILE = "eval_records.json"
 DOMAIN_IMAGES = 100  # training images whose colour statistics a checkpoint keeps
 
 
-def training_statistics(data: KarpathyData, split: str = "train") -> dict[str, Any]:
-    """Colour statistics of up to DOMAIN_IMAGES training images and word statistics of all their captions."""
-    indices = data.split(split)
-    name = f"{data.json_path.name} ({split} split, {len(indices)} images)"
+def domain_images(data: KarpathyData, split: str = "train") -> list[Image.Image]:
+    """The first DOMAIN_IMAGES readable images of a split: the references of the out-of-domain check."""
     images = []
-    for i in indices:
+    for i in data.split(split):
         if len(images) == DOMAIN_IMAGES:
             break
         try:
             images.append(load_image(data.images[i].path))
         except ImageError:
             continue  # the trainer reports unreadable images itself
+    return images
+
+
+def annotation_statistics(model: Any, preprocess_cfg: PreprocessConfig,
+                          images: list[Image.Image]) -> dict[str, Any] | None:
+    """``AnnotationReference`` of ``images`` through ``model``'s encoder, as a dict (None for < 2 images)."""
+    if len(images) < 2:
+        return None
+    tensors = torch.stack([preprocess(im, preprocess_cfg)[0] for im in images])
+    return AnnotationReference.from_features(mean_annotations(model, tensors)).to_dict()
+
+
+def training_statistics(data: KarpathyData, split: str = "train", *, model: Any = None,
+                        preprocess_cfg: PreprocessConfig | None = None) -> dict[str, Any]:
+    """Colour statistics of up to DOMAIN_IMAGES training images and word statistics of all their
+    captions; with ``model`` (and its ``preprocess_cfg``), the same images through its encoder too."""
+    indices = data.split(split)
+    name = f"{data.json_path.name} ({split} split, {len(indices)} images)"
+    images = domain_images(data, split)
     stats: dict[str, Any] = {"word_stats": WordStats.from_references(
         [data.images[i].sentences for i in indices], source=name).to_dict()}
     if len(images) >= 2:
         stats["domain"] = DomainReference.from_images(images, source=name).to_dict()
+        if model is not None and preprocess_cfg is not None:
+            stats["domain"]["annotations"] = annotation_statistics(model, preprocess_cfg, images)
     return stats
 
 

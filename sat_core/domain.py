@@ -1,6 +1,9 @@
-"""How far an image is from a model's training images: colour statistics and a nearest-neighbour check.
+"""How far an image is from a model's training images: two nearest-neighbour checks.
 
-The explorer warns when an uploaded image looks unlike the images the model was trained on.
+The explorer warns when an uploaded image looks unlike the images the model was trained on: by its
+colour statistics, and by what the model's own encoder makes of it (its mean annotation vector).
+Colour catches photos against the flat shapes world; the encoder catches them against the scenes
+world, whose textured places and lighting cover a photo's colour statistics.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from sat_core.errors import SatError
 _SAT_BINS = 8
 _FEATURE_SIDE = 56  # px: box-downsampling first removes JPEG chroma noise and sensor noise
 _COLOURED_MIN_SHARE = 0.005  # under this share of strongly coloured pixels an image counts as grey
+ANNOTATION_MARGIN = 1.2  # warn when the nearest training image is this many times farther than usual
+_ENCODE_BATCH = 16
 
 
 def colour_features(image: Image.Image) -> np.ndarray:
@@ -38,6 +43,67 @@ def coloured_share(image: Image.Image) -> float:
     return float(((hsv[..., 1] > 0.5) & (hsv[..., 2] > 0.3)).mean())
 
 
+def mean_annotations(model: Any, tensors: Any) -> np.ndarray:
+    """(B, D) mean over the grid of ``model``'s annotation vectors for preprocessed images (B, 3, S, S).
+
+    The (x, y) position channels (``ModelConfig.position``) are left out: they are the same for every image.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    dim = model.config.feature_dim
+    rows = []
+    with torch.no_grad():
+        for batch in torch.as_tensor(tensors).split(_ENCODE_BATCH):
+            feats = model.encode(batch.to(device)).feats  # (b, L, D [+ 2])
+            rows.append(feats[..., :dim].float().mean(1).cpu())
+    return torch.cat(rows).numpy().astype(np.float64)
+
+
+@dataclass
+class AnnotationReference:
+    """Mean annotation vectors of training images, as the checkpoint's own encoder makes them.
+
+    Distances are Euclidean after scaling each dimension by its spread over the references. ``reach`` is
+    the largest leave-one-out nearest-neighbour distance among them: how far the loneliest training
+    image is from the rest. An image whose nearest reference lies more than ``margin`` × ``reach`` away
+    is unlike anything the model was trained on.
+    """
+
+    features: np.ndarray  # (R, D)
+    scale: np.ndarray  # (D,)
+    reach: float
+    margin: float = ANNOTATION_MARGIN
+
+    @classmethod
+    def from_features(cls, features: np.ndarray, margin: float = ANNOTATION_MARGIN) -> "AnnotationReference":
+        feats = np.asarray(features, dtype=np.float64)
+        if feats.ndim != 2 or len(feats) < 2:
+            raise SatError("An annotation reference needs the mean annotations of at least two training images.")
+        scale = feats.std(0) + 1e-6
+        scaled = feats / scale
+        dists = np.sqrt(((scaled[:, None] - scaled[None]) ** 2).sum(-1))  # (R, R)
+        np.fill_diagonal(dists, np.inf)
+        return cls(feats, scale, max(float(dists.min(1).max()), 1e-6), margin)
+
+    def ratio(self, annotation: np.ndarray) -> float:
+        """Distance to the nearest reference, in units of ``reach`` (above ``margin``: far)."""
+        vec = np.asarray(annotation, dtype=np.float64).reshape(-1)
+        if vec.shape[0] != self.features.shape[1]:
+            raise SatError(f"A mean annotation of {vec.shape[0]} dimensions cannot be compared with references "
+                           f"of {self.features.shape[1]}: they come from another encoder.")
+        return float(np.sqrt((((self.features - vec) / self.scale) ** 2).sum(-1)).min() / self.reach)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"features": np.round(self.features, 5).tolist(), "scale": np.round(self.scale, 6).tolist(),
+                "reach": self.reach, "margin": self.margin}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "AnnotationReference":
+        return cls(np.asarray(data["features"], dtype=np.float64), np.asarray(data["scale"], dtype=np.float64),
+                   float(data["reach"]), float(data.get("margin", ANNOTATION_MARGIN)))
+
+
 @dataclass
 class DomainCheck:
     distance: float  # total-variation distance of colour_features to the nearest reference image
@@ -45,6 +111,7 @@ class DomainCheck:
     coloured_share: float
     reasons: list[str]  # empty when the image looks like the training data
     source: str = "the training images"  # what it was compared with
+    annotation_ratio: float | None = None  # AnnotationReference.ratio; None when not checked
 
     @property
     def far(self) -> bool:
@@ -63,6 +130,7 @@ class DomainReference:
     threshold: float
     source: str = "the training images"  # what the references are, for messages
     min_coloured_share: float = 0.0  # the least coloured reference image; 0: no colour check
+    annotations: AnnotationReference | None = None  # the same images through the model's encoder
 
     @classmethod
     def from_images(cls, images: Sequence[Image.Image], *, source: str = "the training images",
@@ -77,15 +145,22 @@ class DomainReference:
         return cls(feats, max(0.15, margin * float(dists.min(1).max())), source, float(min(shares)))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"features": np.round(self.features, 5).tolist(), "threshold": self.threshold,
-                "source": self.source, "min_coloured_share": self.min_coloured_share}
+        out = {"features": np.round(self.features, 5).tolist(), "threshold": self.threshold,
+               "source": self.source, "min_coloured_share": self.min_coloured_share}
+        if self.annotations is not None:
+            out["annotations"] = self.annotations.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DomainReference":
+        annotations = data.get("annotations")
         return cls(np.asarray(data["features"], dtype=np.float64), float(data["threshold"]),
-                   str(data.get("source", "the training images")), float(data.get("min_coloured_share", 0.0)))
+                   str(data.get("source", "the training images")), float(data.get("min_coloured_share", 0.0)),
+                   AnnotationReference.from_dict(annotations) if annotations else None)
 
-    def check(self, image: Image.Image) -> DomainCheck:
+    def check(self, image: Image.Image, annotation: np.ndarray | None = None) -> DomainCheck:
+        """Compare ``image`` with the references; ``annotation`` (its mean annotation vector, from
+        ``mean_annotations`` with the checkpoint's model) adds the encoder's view when the reference has one."""
         dist = float((0.5 * np.abs(self.features - colour_features(image)).sum(-1)).min())
         share = coloured_share(image)
         reasons = []
@@ -97,4 +172,12 @@ class DomainReference:
         if self.min_coloured_share >= _COLOURED_MIN_SHARE and share < _COLOURED_MIN_SHARE:
             reasons.append(f"it has almost no strongly coloured pixels ({100 * share:.2f} %), unlike every "
                            f"reference image (at least {100 * self.min_coloured_share:.1f} %)")
-        return DomainCheck(dist, self.threshold, share, reasons, self.source)
+        ratio = None
+        if self.annotations is not None and annotation is not None:
+            ratio = self.annotations.ratio(annotation)
+            if ratio > self.annotations.margin:
+                reasons.append(
+                    f"what the model's encoder makes of it lies {ratio:.2f}× as far from the nearest of "
+                    f"{len(self.annotations.features)} reference images as the loneliest reference image "
+                    f"lies from the rest (it warns above {self.annotations.margin:.1f}×)")
+        return DomainCheck(dist, self.threshold, share, reasons, self.source, ratio)

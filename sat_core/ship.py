@@ -31,6 +31,7 @@ from sat_core.errors import SatError
 PRESETS = Path(__file__).parent / "presets"
 WORLD = {"train": 8000, "val": 400, "test": 500, "seed": 0}
 NAMES = ("scenes_soft", "scenes_hard", "shapes_soft", "shapes_hard")
+SHIPPED_DTYPE = torch.float16  # what the shipped weights are stored in (half the size of fp32)
 
 
 def preset_path(name: str) -> Path:
@@ -99,6 +100,16 @@ def training_summary(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def as_shipped(model: torch.nn.Module) -> torch.nn.Module:
+    """Round every floating weight and buffer to SHIPPED_DTYPE and back, in place: the model then
+    computes exactly what the shipped checkpoint will."""
+    with torch.no_grad():
+        for tensor in (*model.parameters(), *model.buffers()):
+            if tensor.is_floating_point():
+                tensor.copy_(tensor.to(SHIPPED_DTYPE))
+    return model
+
+
 def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage: bool = False) -> dict[str, Any]:
     """Evaluate ``best/`` of the run (or, with ``repackage``, the shipped checkpoint itself) on the test
     split and write the shipped checkpoint folder: card, metrics, records, example figure."""
@@ -106,6 +117,7 @@ def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage
 
     target = out_root / name
     loaded = ckpt.load_checkpoint(target if repackage else Path(cfg.out) / "best")
+    as_shipped(loaded.model)  # the figures describe the weights in the shipped file, not the run's fp32 ones
     data = load_karpathy(cfg.data.dataset, cfg.data.images)
     decode = dataclasses.replace(cfg.val, beam_size=beam)  # the preset's val settings, at the ship's beam
     result = evaluate(loaded, data, "test", decode, search_errors=True)
@@ -118,12 +130,16 @@ def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage
     figure = example_figure(loaded, data, decode=decode)
     stored = loaded.config.get("training", {})
     stats = {} if "domain" in stored else card.training_statistics(data)  # checkpoints from before they were kept
+    domain = stats.get("domain") or stored.get("domain")
+    if domain and not domain.get("annotations"):  # nor the encoder's view of the reference images
+        stats["domain"] = {**domain, "annotations": card.annotation_statistics(
+            loaded.model, loaded.preprocess, card.domain_images(data))}
     training = {**stored, **stats, "preset": preset_path(name).name, **summary, "train_config": cfg.to_dict()}
     card_text = model_card(name, cfg, {**loaded.config, "training": training}, metrics)
     ckpt.save_checkpoint(
         target, loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
         preprocess=loaded.preprocess, training=training,
-        metrics=metrics, dtype=torch.float16, model_card=card_text,
+        metrics=metrics, dtype=SHIPPED_DTYPE, model_card=card_text,
         extra_json={"eval_records.json": {"split": "test", "beam": beam, "records": records}},
     )
     (target / "example.png").write_bytes(figure)

@@ -24,7 +24,7 @@ import torch
 
 from sat_core import checkpoint as ckpt
 from sat_core import cli
-from sat_core.card import training_statistics
+from sat_core.card import annotation_statistics, domain_images, training_statistics
 from sat_core.train_checks import check_config, check_resume
 from sat_core.flatstate import flatten_state, unflatten_state
 from sat_core.io import read_tensors, write_json_atomic
@@ -179,6 +179,9 @@ class Trainer:
         self.val_images = EvalImages(self.data, cfg.data.val_split, store, batch_size=64)
         # Kept in every checkpoint: the explorer's out-of-domain check and the error labels' word kinds.
         self.training_stats = training_statistics(self.data) if self.main_process else {}
+        self.reference_images = domain_images(self.data) if self.main_process else []
+        self.annotation_stats: dict[str, Any] | None = None  # the encoder's view of reference_images
+        self.annotation_step = -1
         if cfg.data.val_images:
             self.val_images.image_ids = self.val_images.image_ids[: cfg.data.val_images]
 
@@ -295,10 +298,10 @@ class Trainer:
             captions += batch.captions.shape[0]
             self.batch_in_epoch, self.step = i + 1, self.step + 1
             if self.stop_signal is not None:
-                self.save_last()
+                self.save_last(refresh=False)
                 raise Interrupted()
             if cfg.optim.save_every and self.step % cfg.optim.save_every == 0:
-                self.save_last()
+                self.save_last(refresh=False)
         elapsed = time.perf_counter() - started
         means = {k: v / max(batches, 1) for k, v in totals.items()}
         return {**means, "lr": self.lr, "captions_per_s": captions * self.world / max(elapsed, 1e-9),
@@ -386,8 +389,9 @@ class Trainer:
 
     # -- checkpoints
 
-    def save_last(self) -> None:
-        """Weights and resumable state in one atomic swap: a kill never leaves them mismatched."""
+    def save_last(self, refresh: bool = True) -> None:
+        """Weights and resumable state in one atomic swap: a kill never leaves them mismatched.
+        ``refresh=False`` (saves within an epoch) reuses the last out-of-domain statistics."""
         if not self.main_process:
             return
         tensors, skeleton = flatten_state({
@@ -401,11 +405,28 @@ class Trainer:
             "baseline": self.baseline.value, "numpy_rng": _numpy_state(), "python_rng": _python_state(),
         }
         self._save_model(self.run_dir / "last", extra_json={STATE_JSON: state},
-                         extra_tensors={STATE_TENSORS: tensors})
+                         extra_tensors={STATE_TENSORS: tensors}, refresh=refresh)
 
-    def _save_model(self, directory: Path, metrics: dict | None = None, **extra: Any) -> None:
+    def _domain_statistics(self, refresh: bool) -> dict[str, Any]:
+        """training_stats with the encoder's view of the reference images, recomputed (about 5 s for 100
+        images on 2 CPU cores) when the encoder learns and has changed since, unless ``refresh`` is off."""
+        stats = dict(self.training_stats)
+        if "domain" not in stats:
+            return stats
+        learns = any(p.requires_grad for p in self.model.encoder.parameters())
+        if self.annotation_stats is None or (learns and refresh and self.annotation_step != self.step):
+            was_training = self.model.training
+            self.model.eval()
+            self.annotation_stats = annotation_statistics(self.model, self.preprocess, self.reference_images)
+            self.model.train(was_training)
+            self.annotation_step = self.step
+        stats["domain"] = {**stats["domain"], "annotations": self.annotation_stats}
+        return stats
+
+    def _save_model(self, directory: Path, metrics: dict | None = None, *, refresh: bool = True,
+                    **extra: Any) -> None:
         training = {"train_config": self.cfg.to_dict(), "epoch": self.epoch, "step": self.step,
-                    "dataset": str(self.cfg.data.dataset), **self.training_stats}
+                    "dataset": str(self.cfg.data.dataset), **self._domain_statistics(refresh)}
         ckpt.save_checkpoint(directory, self.model, model_config=self.model_config, vocab=self.vocab,
                              preprocess=self.preprocess, training=training, metrics=metrics, **extra)
 

@@ -1,19 +1,29 @@
-"""sat_core.domain: colour statistics tell photos from the training world's scenes."""
+"""sat_core.domain: colour statistics and the encoder's view tell photos from the training world's scenes."""
 
 from __future__ import annotations
 
 import io
+import json
 
+import numpy as np
+import pytest
+import torch
 from PIL import Image
 
-from sat_core.domain import DomainReference
-from sat_core.images import load_image
+from sat_core import world
+from sat_core.config import ModelConfig, PreprocessConfig
+from sat_core.domain import ANNOTATION_MARGIN, AnnotationReference, DomainReference, mean_annotations
+from sat_core.errors import SatError
+from sat_core.images import load_image, preprocess
+from sat_core.models import efficientnet
+from sat_core.models.captioner import Captioner
 from tests.explorer.conftest import explorer_env  # noqa: F401  (a fixture)
+
+PHOTOS = ("chelsea", "coffee", "stereo_motorcycle", "astronaut", "rocket")
 
 
 def _scenes(env, split: str) -> list[Image.Image]:
     return [load_image(env.world / e["filepath"] / e["filename"]) for e in env.dataset["images"] if e["split"] == split]
-
 
 
 def test_domain_check_separates_photos_from_synthetic_scenes(explorer_env):
@@ -30,3 +40,55 @@ def test_domain_check_separates_photos_from_synthetic_scenes(explorer_env):
         assert check.far and check.reasons
     grey = reference.check(Image.fromarray(data.camera()))
     assert any("strongly coloured" in r for r in grey.reasons)
+
+
+def _photo(name: str) -> Image.Image:
+    from skimage import data
+
+    pixels = getattr(data, name)()
+    return Image.fromarray(pixels[0] if isinstance(pixels, tuple) else pixels).convert("RGB")
+
+
+def test_annotation_reference_measures_in_units_of_the_loneliest_reference():
+    # a unit square and a point 3√2 from its nearest corner; both dimensions spread alike
+    refs = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [4.0, 4.0]])
+    reference = AnnotationReference.from_features(refs)
+    scale = refs.std(0)[0] + 1e-6
+    assert reference.reach == pytest.approx(3 * np.sqrt(2) / scale)
+    assert reference.ratio(np.array([0.0, 1.0])) == pytest.approx(0.0)  # a reference itself
+    assert reference.ratio(np.array([0.0, -3 * scale])) == pytest.approx(3 / reference.reach)
+    again = AnnotationReference.from_dict(json.loads(json.dumps(reference.to_dict())))
+    assert again.ratio(np.array([9.0, 9.0])) == pytest.approx(reference.ratio(np.array([9.0, 9.0])), rel=1e-4)
+    with pytest.raises(SatError, match="another encoder"):
+        reference.ratio(np.zeros(3))
+    with pytest.raises(SatError, match="at least two"):
+        AnnotationReference.from_features(refs[:1])
+
+
+def test_the_encoders_view_flags_photos_that_the_colour_statistics_let_through(tmp_path):
+    """Against the scenes world, colour statistics cannot tell photos apart; ImageNet features can."""
+    doc = json.loads(world.generate(tmp_path, 40, 0, 12, seed=5, workers=1, kind="scenes").read_text())
+    scenes = {split: [load_image(tmp_path / e["filepath"] / e["filename"]) for e in doc["images"]
+                      if e["split"] == split] for split in ("train", "test")}
+    cfg = PreprocessConfig(image_size=224, mean=efficientnet.MEAN, std=efficientnet.STD, crop=1.0)
+    model = Captioner(ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=112,
+                                  position=True, vocab_size=10)).eval()
+
+    def annotations(images):
+        return mean_annotations(model, torch.stack([preprocess(im, cfg)[0] for im in images]))
+
+    train = annotations(scenes["train"])
+    assert train.shape == (40, 112)  # the position channels are left out
+    reference = DomainReference.from_images(scenes["train"])
+    reference.annotations = AnnotationReference.from_features(train)
+    for scene, vec in zip(scenes["test"], annotations(scenes["test"])):
+        check = reference.check(scene, vec)
+        assert check.annotation_ratio < ANNOTATION_MARGIN and not check.far
+    photos = [_photo(n) for n in PHOTOS]
+    for photo, vec in zip(photos, annotations(photos)):
+        check = reference.check(photo, vec)
+        assert check.annotation_ratio > ANNOTATION_MARGIN
+        assert any("what the model's encoder makes of it" in r for r in check.reasons)
+        assert not reference.check(photo).annotation_ratio  # no annotation given: not checked
+    assert DomainReference.from_dict(reference.to_dict()).annotations.reach == pytest.approx(
+        reference.annotations.reach)

@@ -68,3 +68,25 @@ def test_the_scenes_world_names_objects_left_to_right_unless_told_otherwise(tmp_
                                      caption_order="random").read_text())
     assert left["caption_order"] == "left_to_right" and rand["caption_order"] == "random"
     assert [im["objects"] for im in left["images"]] == [im["objects"] for im in rand["images"]]
+
+
+def test_package_evaluates_the_weights_exactly_as_shipped(tmp_path, vocab):
+    """The figures of a shipped checkpoint describe its fp16 file, not the run's fp32 weights."""
+    import torch
+
+    from sat_core.checkpoint import load_checkpoint, save_checkpoint
+    from sat_core.config import PreprocessConfig
+    from sat_core.models.captioner import Captioner
+    from sat_core.ship import SHIPPED_DTYPE, as_shipped
+    from tests.conftest import tiny_config
+
+    torch.manual_seed(0)
+    config = tiny_config(len(vocab))
+    model = Captioner(config).eval()
+    save_checkpoint(tmp_path / "c", model, model_config=config, vocab=vocab, preprocess=PreprocessConfig(),
+                    dtype=SHIPPED_DTYPE)
+    shipped = load_checkpoint(tmp_path / "c").model.state_dict()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rounded = as_shipped(model).state_dict()
+    assert any(not torch.equal(before[k], rounded[k]) for k in before)  # fp32 weights did move
+    assert all(torch.equal(rounded[k], shipped[k]) for k in shipped)

@@ -273,8 +273,8 @@ def test_save_every_writes_mid_epoch_state(world_data, tmp_path, monkeypatch):
     seen: list[tuple[int, int]] = []
     original = train.Trainer.save_last
 
-    def spy(self):
-        original(self)
+    def spy(self, refresh=True):
+        original(self, refresh)
         state = json.loads((self.run_dir / "last" / train.STATE_JSON).read_text())
         seen.append((state["step"], state["batch_in_epoch"]))
 

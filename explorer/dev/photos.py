@@ -4,8 +4,9 @@
 
 Prints a Markdown table: each photo, what it shows, each checkpoint's best caption (beam search with
 the length normalisation it was evaluated with, as in the explorer; the checkpoint's own
-preprocessing) and whether the out-of-domain check (the colour statistics of the checkpoint's
-training images, stored in it) would warn. The photos ship with scikit-image, so the
+preprocessing) and whether the out-of-domain check would warn (the colour statistics and the encoder's
+mean annotations of the checkpoint's training images, stored in it; "encoder 2.3×": how many times
+farther the photo lies from its nearest training image than the loneliest training image from the rest). The photos ship with scikit-image, so the
 table is reproducible offline.
 """
 
@@ -21,7 +22,8 @@ from PIL import Image
 from sat_core.caption import caption_files
 from sat_core.checkpoint import load_checkpoint
 from sat_core.config import DecodeConfig
-from sat_core.domain import DomainReference
+from sat_core.domain import DomainReference, mean_annotations
+from sat_core.images import preprocess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # scikit-image sample -> what the photo shows (the scenes world's word for it, where it has one)
@@ -60,8 +62,13 @@ def table(checkpoints: list[Path], folder: Path, beam: int) -> str:
         reference = DomainReference.from_dict(stored) if stored else None
         cells = []
         for src, result in zip(sources, results):
-            warn = "" if reference is None else (
-                " ⚠ out of domain" if reference.check(Image.open(src).convert("RGB")).far else " (in domain)")
+            warn = ""
+            if reference is not None:
+                image = Image.open(src).convert("RGB")
+                annotation = mean_annotations(loaded.model, preprocess(image, loaded.preprocess)[0][None])[0]
+                check = reference.check(image, annotation)
+                seen = "" if check.annotation_ratio is None else f", encoder {check.annotation_ratio:.1f}×"
+                warn = f" ({'⚠ out of domain' if check.far else 'in domain'}{seen})"
             cells.append(f"“{result.best.caption}”{warn}")
         columns[ckpt.name] = cells
     head = "| photo | shows | " + " | ".join(columns) + " |"

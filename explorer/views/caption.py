@@ -96,7 +96,8 @@ def main() -> None:
         m3.metric("mean word probability", f"{confidence:.3f}")
         if image.uploaded:
             try:
-                check = res.domain_check(image.key, ctx.ckpt_key, ctx.source, loaded, image.original)
+                check = res.domain_check(image.key, ctx.ckpt_key, ctx.source, loaded, image.original,
+                                         image.tensor)
             except SatError:  # no statistics and no gallery to compare with: say nothing rather than guess
                 check = None
             if check is not None and check.far:

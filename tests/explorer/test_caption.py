@@ -183,3 +183,47 @@ def test_sidebar_says_which_precision_decodes_and_why(app):
     shown = [c.value for c in app.sidebar.caption if c.value.startswith("Matrix products in")]
     assert shown == [f"Matrix products in **{expected}** ({precision.describe_cpu()})."]
     assert shown[0].endswith(f"auto = {expected}).")
+
+
+def test_photo_upload_warns_by_the_encoders_view_when_colours_look_familiar(explorer_env, tmp_path, monkeypatch):
+    """A checkpoint (ImageNet encoder, tiny random decoder) whose stored colour statistics include the
+    photo's own: only the encoder's view (its mean annotation against the training scenes') can say
+    the photo is unlike the training data."""
+    import io
+    import os
+
+    from PIL import Image
+
+    from sat_core.card import annotation_statistics
+    from sat_core.checkpoint import save_checkpoint
+    from sat_core.domain import ANNOTATION_MARGIN, AnnotationReference, DomainReference, mean_annotations
+
+    from sat_core.config import ModelConfig, PreprocessConfig
+    from sat_core.models import efficientnet
+    from sat_core.models.captioner import Captioner
+
+    vocab = explorer_env.checkpoint("soft").vocab
+    config = ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=112, vocab_size=len(vocab),
+                         embed_dim=16, hidden_dim=32, attn_dim=16, dropout=0.0)
+    model = Captioner(config).eval()
+    cfg = PreprocessConfig(image_size=224, mean=efficientnet.MEAN, std=efficientnet.STD, crop=1.0)
+    photo = Image.open(io.BytesIO(photo_jpeg())).convert("RGB")
+    scenes = [load_image(explorer_env.scene_path(e["imgid"])) for e in explorer_env.dataset["images"]
+              if e["split"] == "train"]
+    domain = DomainReference.from_images([photo, photo.transpose(Image.Transpose.FLIP_LEFT_RIGHT)],
+                                         source="photos.json (train split, 2 images)").to_dict()
+    domain["annotations"] = annotation_statistics(model, cfg, scenes)
+    ratio = AnnotationReference.from_dict(domain["annotations"]).ratio(
+        mean_annotations(model, preprocess(photo, cfg)[0][None])[0])
+    assert ratio > ANNOTATION_MARGIN
+    save_checkpoint(tmp_path / "seen", model, model_config=config, vocab=vocab, preprocess=cfg,
+                    training={"domain": domain}, model_card="# Seen\n")
+    monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
+    at = new_app({"ckpt": "seen"})
+    at.run()
+    at.sidebar.radio(key="source").set_value("Upload").run()
+    at.file_uploader[0].set_value(("astronaut.jpg", photo_jpeg(), "image/jpeg")).run()
+    assert not at.exception
+    warnings = [w.value for w in at.warning]
+    assert any("photos.json (train split, 2 images)" in w and f"{ratio:.2f}× as far" in w
+               and "colour statistics" not in w for w in warnings), warnings

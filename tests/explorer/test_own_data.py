@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 
 from sat_core import train
@@ -51,6 +52,16 @@ def test_the_trained_checkpoint_keeps_statistics_of_its_training_data(own):
     training = load_checkpoint(own["run"] / "best").config["training"]
     assert "dataset_photos.json (train split, 12 images)" in training["domain"]["source"]
     assert len(training["domain"]["features"]) == 12
+    # the encoder's view of the same images, as the saved weights make it (the small CNN learns)
+    from sat_core.card import annotation_statistics, domain_images
+    from sat_core.data import load_karpathy
+
+    loaded = load_checkpoint(own["run"] / "best")
+    stored = np.asarray(training["domain"]["annotations"]["features"])
+    assert stored.shape == (12, loaded.model.config.feature_dim)
+    fresh = annotation_statistics(loaded.model, loaded.preprocess,
+                                  domain_images(load_karpathy(own["data"], own["data"].parent)))
+    np.testing.assert_allclose(stored, np.asarray(fresh["features"]), rtol=1e-3, atol=1e-4)
     stats = training["word_stats"]
     assert stats["lift"]["cat"] > stats["lift"]["a"]
 
