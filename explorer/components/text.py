@@ -31,8 +31,8 @@ def draw_domain_warning(reasons: Sequence[str], source: str, confidence: float |
     why = "; ".join(reasons)
     conf = f" The model's mean word probability here is {confidence:.2f}." if confidence is not None else ""
     st.warning(
-        f"**This image looks unlike the images this model was trained on ({source}); treat its caption "
-        f"with care.** {why[0].upper() + why[1:]}.{conf}",
+        f"**This image looks unlike the images this model was trained on — {source} — so treat its "
+        f"caption with care.** {why[0].upper() + why[1:]}.{conf}",
         icon="⚠️",
     )
 

@@ -115,7 +115,7 @@ def test_photo_upload_warns_that_captions_are_not_meaningful(app):
     app.sidebar.radio(key="source").set_value("Upload").run()
     app.file_uploader[0].set_value(("astronaut.jpg", photo_jpeg(), "image/jpeg")).run()
     warnings = [w.value for w in app.warning]
-    assert any("looks unlike the images this model was trained on" in w and "dataset.json" in w
+    assert any("looks unlike the images this model was trained on — " in w and "dataset.json" in w
                for w in warnings), warnings
     assert caption_shown(app)  # still captioned, with the warning next to it
 
