@@ -50,12 +50,14 @@ def annotation_statistics(model: Any, preprocess_cfg: PreprocessConfig,
 
 
 def training_statistics(data: KarpathyData, split: str = "train", *, model: Any = None,
-                        preprocess_cfg: PreprocessConfig | None = None) -> dict[str, Any]:
+                        preprocess_cfg: PreprocessConfig | None = None,
+                        images: list[Image.Image] | None = None) -> dict[str, Any]:
     """Colour statistics of up to DOMAIN_IMAGES training images and word statistics of all their
-    captions; with ``model`` (and its ``preprocess_cfg``), the same images through its encoder too."""
+    captions; with ``model`` (and its ``preprocess_cfg``), the same images through its encoder too.
+    ``images``: ``domain_images(data, split)`` when the caller has already read them."""
     indices = data.split(split)
     name = f"{data.json_path.name} ({split} split, {len(indices)} images)"
-    images = domain_images(data, split)
+    images = domain_images(data, split) if images is None else images
     stats: dict[str, Any] = {"word_stats": WordStats.from_references(
         [data.images[i].sentences for i in indices], source=name).to_dict()}
     if len(images) >= 2:

@@ -178,8 +178,9 @@ class Trainer:
                                   num_replicas=self.world, rank=self.rank, by_image=cfg.data.batching == "image")
         self.val_images = EvalImages(self.data, cfg.data.val_split, store, batch_size=64)
         # Kept in every checkpoint: the explorer's out-of-domain check and the error labels' word kinds.
-        self.training_stats = training_statistics(self.data) if self.main_process else {}
         self.reference_images = domain_images(self.data) if self.main_process else []
+        self.training_stats = (training_statistics(self.data, images=self.reference_images)
+                               if self.main_process else {})
         self.annotation_stats: dict[str, Any] | None = None  # the encoder's view of reference_images
         self.annotation_step = -1
         if cfg.data.val_images:
