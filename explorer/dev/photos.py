@@ -23,7 +23,7 @@ from sat_core.caption import caption_files
 from sat_core.checkpoint import load_checkpoint
 from sat_core.config import DecodeConfig
 from sat_core.domain import DomainReference, mean_annotations
-from sat_core.images import preprocess
+from sat_core.images import load_image, preprocess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # scikit-image sample -> what the photo shows (the scenes world's word for it, where it has one)
@@ -64,7 +64,7 @@ def table(checkpoints: list[Path], folder: Path, beam: int) -> str:
         for src, result in zip(sources, results):
             warn = ""
             if reference is not None:
-                image = Image.open(src).convert("RGB")
+                image = load_image(src)
                 annotation = mean_annotations(loaded.model, preprocess(image, loaded.preprocess)[0][None])[0]
                 check = reference.check(image, annotation)
                 seen = "" if check.annotation_ratio is None else f", encoder {check.annotation_ratio:.1f}×"
