@@ -70,3 +70,22 @@ def count_table(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         row["right"] = sum(c["right"] for c in here) / len(here)
         rows.append(row)
     return rows
+
+
+def count_table_by_groups(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Count accuracy by the kind of scene: one row per list of group sizes ("2 + 1": two identical objects
+    and one other), with its scenes, the counts scored in their captions and the share right. A scene of
+    one pair alone counts well and "2 + 1" badly when the model knows how many but not of which kind.
+    Rows by counts scored, most first; empty where the records hold no counts or no scene groups."""
+    by_kind: dict[str, list[int]] = {}  # "2 + 1" -> [scenes, counts scored, right]
+    for r in records:
+        g = r.get("grounding") or {}
+        if not g.get("groups") or "counts" not in g:
+            continue
+        row = by_kind.setdefault(" + ".join(map(str, g["groups"])), [0, 0, 0])
+        row[0] += 1
+        row[1] += len(g["counts"])
+        row[2] += sum(c["right"] for c in g["counts"])
+    rows = [{"the scene's groups": kind, "scenes": n, "counts scored": scored, "right": right / scored}
+            for kind, (n, scored, right) in by_kind.items() if scored]
+    return sorted(rows, key=lambda row: (-row["counts scored"], row["the scene's groups"]))

@@ -5,7 +5,10 @@
 (same category and colour) once, with its count; pairs of groups are joined by a relation when one
 holds clearly (``scenes.relation_holds(strict=True)``); most captions end with the place. The groups
 come left to right (``caption_order="left_to_right"``, the shipped world: by their leftmost member, so
-"left of" is the one horizontal relation stated) or in random order (``"random"``).
+"left of" is the one horizontal relation stated), the largest group first and equal ones left to right
+(``"largest_first"``: "two trucks and an umbrella", so the first count word says how many the largest
+group holds instead of how many the leftmost one does; "left of" is again the one horizontal relation)
+or in random order (``"random"``).
 Each count word, colour and noun is linked to the ids of the objects it names (world.py's ``links``).
 """
 
@@ -76,9 +79,11 @@ def caption(gs: list[list[dict[str, Any]]], place: str, rng: np.random.Generator
             need_colour[i] or rng.random() < CATEGORIES[cats[i]].say_colour)
         return _mention(gs[i], say, action, rng)
 
-    left_to_right = caption_order == "left_to_right"
+    left_to_right = caption_order in ("left_to_right", "largest_first")  # then never "right of"
     if left_to_right:  # as a reader scans the picture, each group where its leftmost member stands
-        order = sorted(range(len(gs)), key=lambda g: min(o["centroid"][0] for o in gs[g]))
+        largest = caption_order == "largest_first"
+        order = sorted(range(len(gs)), key=lambda g: (-len(gs[g]) if largest else 0,
+                                                      min(o["centroid"][0] for o in gs[g])))
     else:
         order = [int(i) for i in rng.permutation(len(gs))]
     clauses: list[list[Token]] = []

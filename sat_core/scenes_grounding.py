@@ -171,6 +171,7 @@ class SceneGrounding:
     errors: dict[str, int]
     token_objects: dict[int, list[int]]
     counts: list[CountItem] = field(default_factory=list)  # every scored count, right or wrong
+    groups: list[int] = field(default_factory=list)  # the scene's groups of identical objects, sizes largest first
 
     @property
     def labels(self) -> list[str]:
@@ -221,5 +222,15 @@ def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | No
         count_accuracy=_mean(count_ok), relation_accuracy=_mean(relations), place_accuracy=_mean(places),
         errors={k: v for k, v in errors.items() if v},
         token_objects={t: sorted(ids) for m, ids in zip(mentions, matches) for t in m.tokens},
-        counts=counts,
+        counts=counts, groups=scene_groups(objects),
     )
+
+
+def scene_groups(objects: list[dict[str, Any]]) -> list[int]:
+    """How many objects each kind (category and colour) of the scene holds, largest first: [2, 1] for
+    two trucks and an umbrella."""
+    sizes: dict[tuple[str, Any], int] = {}
+    for o in objects:
+        key = (o["category"], o["colour"])
+        sizes[key] = sizes.get(key, 0) + 1
+    return sorted(sizes.values(), reverse=True)

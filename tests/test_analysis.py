@@ -72,3 +72,22 @@ def test_count_table_crosses_what_was_said_with_the_scene():
     assert rows[2]["counts scored"] == 4 and rows[2]["right"] == pytest.approx(0.5)
     assert (rows[2]["said 1"], rows[2]["said 2"], rows[2]["said 3"], rows[2]["said plural"]) == (1, 1, 1, 1)
     assert count_table([{"grounding": {"precision": 1.0}}]) == []  # the shapes world: no counts kept
+
+
+def test_count_table_by_groups_tells_a_pair_alone_from_a_pair_beside_another_object():
+    from sat_core.analysis import count_table_by_groups
+    from sat_core.scenes_grounding import ground
+    from tests.test_scenes_grounding import TWO_DOGS
+
+    pair = [o for o in TWO_DOGS if o["category"] == "dog"]
+    assert [o["category"] for o in TWO_DOGS].count("dog") == 2 and len(TWO_DOGS) == 3
+    records = [{"grounding": ground(c.split(), TWO_DOGS).to_dict()} for c in ("two dogs and a cat", "two cats and a dog")]
+    records += [{"grounding": ground("two dogs".split(), pair).to_dict()}, {"grounding": None}]
+    assert records[0]["grounding"]["groups"] == [2, 1]
+    rows = {r["the scene's groups"]: r for r in count_table_by_groups(records)}
+    assert set(rows) == {"2 + 1", "2"}
+    assert rows["2"] == {"the scene's groups": "2", "scenes": 1, "counts scored": 1, "right": 1.0}
+    # "two cats and a dog" scores two wrong counts (two of one cat, one of the two dogs)
+    assert rows["2 + 1"]["scenes"] == 2 and rows["2 + 1"]["counts scored"] == 3
+    assert rows["2 + 1"]["right"] == pytest.approx(1 / 3)
+    assert count_table_by_groups([{"grounding": {"counts": []}}]) == []  # records written before groups were kept

@@ -9,7 +9,7 @@ from PIL import Image
 from sat_core import scenes, world
 from sat_core.scenes_assets import ASSET_DIR, sprite
 from sat_core.scenes_catalog import (
-    CATEGORIES, COLOURS, COUNT_WORDS, NOUNS, PLACES, RELATION_WORDS, all_codes,
+    CATEGORIES, COLOURS, COUNT_WORDS, NOUNS, NUMBER_WORDS, PLACES, RELATION_WORDS, all_codes,
 )
 
 SIZES = (24, 6, 6)
@@ -134,6 +134,29 @@ def test_references_name_groups_left_to_right_so_left_of_is_the_only_horizontal_
             assert "right" not in sent["tokens"], sent["raw"]
             horizontal += "left" in sent["tokens"]
     assert horizontal > 0, "no horizontal relation at all: the test cannot tell"
+
+
+def test_largest_first_references_name_the_largest_group_first_and_equal_ones_left_to_right(tmp_path):
+    path = world.generate(tmp_path / "largest", 40, 0, 0, seed=5, workers=1, kind="scenes",
+                          caption_order="largest_first")
+    data = json.loads(path.read_text())
+    assert data["caption_order"] == "largest_first"
+    mixed = 0  # captions of scenes whose groups differ in size: where this order differs from left to right
+    for im in data["images"]:
+        objects = {o["id"]: o for o in im["objects"]}
+        for sent in im["sentences"]:
+            groups = []
+            for _t, ids in sent["links"]:
+                if ids not in groups:
+                    groups.append(ids)
+            keys = [(-len(ids), min(objects[i]["centroid"][0] for i in ids)) for ids in groups]
+            assert keys == sorted(keys), sent["raw"]
+            assert "right" not in sent["tokens"], sent["raw"]
+            mixed += len({len(ids) for ids in groups}) > 1
+            if len(groups) > 1 and len(groups[0]) > 1:  # the first word that counts says the largest group's size
+                count_word = next(w for w in sent["tokens"] if w in NUMBER_WORDS.values())
+                assert count_word == NUMBER_WORDS[len(groups[0])], sent["raw"]
+    assert mixed > 0, "no scene with groups of different sizes: the test cannot tell"
 
 
 def test_strict_relations_in_references_hold_between_their_objects():

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from sat_core.errors import SatError
-from sat_core.analysis import count_table, slice_metrics, word_type_correctness
+from sat_core.analysis import count_table, count_table_by_groups, slice_metrics, word_type_correctness
 
 from explorer import stepping
 from explorer import resources as res
@@ -166,6 +166,14 @@ def main() -> None:
                    "plural), and every group of identical objects in the scene that a caption named without one "
                    "mention covering it all (\"a dog\" of two: said 1, the most of the group any one mention "
                    "named). Rows: how many of that kind the scene holds. *right* is the count accuracy of the row.")
+    kinds = count_table_by_groups(records)
+    if kinds:
+        st.subheader("Counts by the kind of scene")
+        st.dataframe(pd.DataFrame(kinds), hide_index=True, width="stretch",
+                     column_config={"right": st.column_config.NumberColumn("right", format="%.3f")})
+        st.caption("The same counts by how the scene's objects fall into groups of identical ones: *2 + 1* is a "
+                   "pair and one other object. A model that counts a pair alone well but *2 + 1* badly knows how "
+                   "many things stand there but not which kind there are two of.")
     draw_help("What these numbers mean", (
         "CIDEr and BLEU-4 are per-image scores against the image's references (mean per slice; corpus "
         "BLEU pools counts, so the top row can differ). Error labels from the references hold for every dataset: "

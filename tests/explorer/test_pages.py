@@ -132,8 +132,8 @@ def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkey
         record.update(caption=f"stored caption {record['image_id']}", errors=["wrong_count"] if k else [])
     if searched:  # scenes-world records keep their scored counts (scenes_grounding.CountItem)
         said = [(2, 2, True), (1, 2, False), (3, 2, False), (None, 3, True)]
-        for record, (n, scene, right) in zip(records, said):
-            record["grounding"] = {**(record.get("grounding") or {}), "counts": [
+        for k, (record, (n, scene, right)) in enumerate(zip(records, said)):
+            record["grounding"] = {**(record.get("grounding") or {}), "groups": [scene] + [1] * (k > 0), "counts": [
                 {"category": "dog", "colour": None, "said": n, "scene": scene, "right": right}]}
     (folder / "eval_records.json").write_text(json.dumps({"split": "test", "beam": 1, "records": records}))
     result["grounded"]["precision"] = 0.5
@@ -157,8 +157,12 @@ def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkey
     assert any("eval_records.json" in c.value for c in at.caption)
     headers = [h.value for h in at.subheader]
     assert ("Counts: what the captions said against the scene" in headers) == searched
+    assert ("Counts by the kind of scene" in headers) == searched
     if searched:
-        counts = at.dataframe[-1].value.set_index("in the scene")
+        kinds = at.dataframe[-1].value
+        assert list(kinds["the scene's groups"]) == ["2 + 1", "2", "3 + 1"]  # most counts scored first
+        assert list(kinds["scenes"]) == [2, 1, 1] and list(kinds["right"]) == [0.0, 1.0, 1.0]
+        counts = at.dataframe[-2].value.set_index("in the scene")
         assert list(counts.index) == [2, 3]
         assert counts.loc[2, "counts scored"] == 3 and counts.loc[2, "right"] == pytest.approx(1 / 3)
         assert (counts.loc[2, "said 1"], counts.loc[2, "said 2"], counts.loc[2, "said 3"]) == (1, 1, 1)
