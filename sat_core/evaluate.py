@@ -141,8 +141,9 @@ def decode_split(
 # ---- per-word attention figures ---------------------------------------------------------------------
 
 def word_attention(dec: Decoded, token_objects: dict[int, list[int]]) -> list[dict[str, Any]]:
-    """Per generated word matched to exactly one object: share of its α on that object's mask."""
-    from sat_core.grounding import attention_correctness, word_kind
+    """Per generated word matched to exactly one object: share of its α on that object's mask, the uniform
+    baseline (the mask's share of the image) and the ceiling (the most any α on the grid could put on it)."""
+    from sat_core.grounding import attention_ceiling, attention_correctness, word_kind
     from sat_core.world import rle_decode
 
     hyp = dec.hypothesis
@@ -154,7 +155,8 @@ def word_attention(dec: Decoded, token_objects: dict[int, list[int]]) -> list[di
         mask = mask_on_alpha_grid(rle_decode(objects[ids[0]]["mask"]), dec.crop, hyp.grid)
         share, baseline = attention_correctness(hyp.alphas[t].reshape(hyp.grid), mask)  # α of step t
         rows.append({"index": t, "word": hyp.words[t], "kind": word_kind(hyp.words[t]),
-                     "object": ids[0], "share": share, "baseline": baseline})
+                     "object": ids[0], "share": share, "baseline": baseline,
+                     "ceiling": attention_ceiling(hyp.grid, mask)})
     return rows
 
 
@@ -221,7 +223,8 @@ def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, An
     if any(d.record.objects is not None for d in decoded):
         naming = [w for w in words if w["kind"] in NAMING_KINDS]
         share, base = _mean([w["share"] for w in naming]), _mean([w["baseline"] for w in naming])
-        out.update(correctness=share, baseline=base, n_grounded_words=len(naming),
+        ceiling = _mean([w["ceiling"] for w in naming])
+        out.update(correctness=share, baseline=base, ceiling=ceiling, n_grounded_words=len(naming),
                    ratio=share / base if share is not None and base else None,
                    by_kind=correctness_by_kind(words))
     return out
@@ -371,7 +374,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     a = result["attention"]
     if a.get("correctness") is not None:
         lines.append(f"attention correctness {_fmt(a['correctness'])} vs uniform {_fmt(a['baseline'])} "
-                     f"({_fmt(a['ratio'])}x) over {a['n_grounded_words']} words")
+                     f"({_fmt(a['ratio'])}x) over {a['n_grounded_words']} words"
+                     + (f"; the most any α on this grid could reach: {_fmt(a['ceiling'])}" if a.get("ceiling") else ""))
     lines.append(f"α entropy per word {_fmt(a['entropy_nats'])} nats "
                  f"({_fmt(a['entropy_normalised'])} of log L, L={a['regions']}) over {a['n_words']} words")
     if result["beta_by_kind"]:

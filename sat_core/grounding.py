@@ -310,6 +310,21 @@ def attention_correctness(alpha_grid: np.ndarray, mask: np.ndarray) -> tuple[flo
         raise ValueError(f"Mask {h}x{w} does not tile into the {gh}x{gw} attention grid.")
     if (alpha < 0).any() or not np.isfinite(alpha).all() or alpha.sum() <= 0:
         raise ValueError("α must be finite, non-negative and not all zero.")
-    coverage = mask.reshape(gh, h // gh, gw, w // gw).mean(axis=(1, 3))  # (gh, gw)
-    inside = float(np.sum(alpha * coverage) / np.sum(alpha))
+    inside = float(np.sum(alpha * _coverage(mask, gh, gw)) / np.sum(alpha))
     return inside, float(mask.mean())
+
+
+def attention_ceiling(grid: tuple[int, int], mask: np.ndarray) -> float:
+    """The most attention correctness any α on a (gh, gw) grid can reach for this mask: all of α on the
+    cell the mask covers most. Below 1 where the object fills no cell whole (a small or thin object)."""
+    mask = np.asarray(mask, dtype=bool)
+    (gh, gw), (h, w) = grid, mask.shape
+    if h % gh or w % gw:
+        raise ValueError(f"Mask {h}x{w} does not tile into the {gh}x{gw} attention grid.")
+    return float(_coverage(mask, gh, gw).max())
+
+
+def _coverage(mask: np.ndarray, gh: int, gw: int) -> np.ndarray:
+    """Share of each grid cell's pixels inside the mask, (gh, gw)."""
+    h, w = mask.shape
+    return mask.reshape(gh, h // gh, gw, w // gw).mean(axis=(1, 3))

@@ -428,7 +428,8 @@ def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: i
 
     kind: "shapes" (this module: 112 px coloured shapes, the fast test world) or "scenes"
     (sat_core.scenes: 224 px everyday objects in places). caption_order (scenes only): "left_to_right"
-    (the shipped world) or "random" (sat_core.scenes_captions); a scenes dataset.json records it.
+    (the shipped world), "largest_first" or "random" (sat_core.scenes_captions); a scenes dataset.json
+    records it.
     """
     if kind not in KINDS:
         raise SatError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}.")
@@ -489,7 +490,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=_positive, default=2)
     p.add_argument("--caption-order", choices=CAPTION_ORDERS, default=SHIPPED_CAPTION_ORDER,
                    help="scenes: name the objects left to right (the shipped world: 'left of' is then the one "
-                        "horizontal relation) or in random order")
+                        "horizontal relation), the largest group first and equal ones left to right, or in "
+                        "random order")
     args = p.parse_args(argv)
     start = time.perf_counter()
     try:

@@ -162,8 +162,10 @@ def test_attention_correctness_equals_direct_recomputation(checkpoint, world_dat
                 share, _ = attention_correctness(dec.hypothesis.alphas[t].reshape(14, 14), mask)
                 if record["words"][len(expected)]["kind"] in NAMING_KINDS:
                     checked += 1
-                expected.append(share)
-        assert [w["share"] for w in record["words"]] == pytest.approx(expected, abs=1e-12)
+                expected.append((share, mask.reshape(14, 8, 14, 8).mean(axis=(1, 3)).max()))
+        got = [value for w in record["words"] for value in (w["share"], w["ceiling"])]
+        assert got == pytest.approx([value for pair in expected for value in pair], abs=1e-12)
+        assert all(w["share"] <= w["ceiling"] + 1e-12 for w in record["words"])
     assert checked > 0
 
 
@@ -207,6 +209,7 @@ def test_oracle_alpha_on_the_named_object_scores_one(world_data):
     out = score_decoded(_oracle(data, vocab, _coverage), gated=True, stats=WordStats(), meteor=False)
     a = out["attention"]
     assert a["n_grounded_words"] > N_TEST and a["correctness"] == pytest.approx(1.0)
+    assert a["ceiling"] == 1.0  # every object fills whole cells
     scored = [r["attention_correctness"] for r in out["records"] if r["attention_correctness"] is not None]
     assert len(scored) >= N_TEST // 2 and scored == pytest.approx([1.0] * len(scored))  # None: only plurals
     assert a["ratio"] == pytest.approx(1.0 / a["baseline"])

@@ -8,7 +8,7 @@ import pytest
 
 from sat_core import world
 from sat_core.grounding import (
-    ERROR_LABELS, aggregate, attention_correctness, ground, parse_caption, word_kind,
+    ERROR_LABELS, aggregate, attention_ceiling, attention_correctness, ground, parse_caption, word_kind,
 )
 
 
@@ -227,3 +227,19 @@ def test_attention_correctness_hand_computed_and_errors():
         attention_correctness(np.ones((3, 3)), mask)
     with pytest.raises(ValueError):
         attention_correctness(np.ones(4), mask)
+
+
+def test_attention_ceiling_is_the_best_cells_share_and_no_alpha_beats_it():
+    mask = np.zeros((4, 4), bool)
+    mask[0, 0] = True  # a quarter of cell (0, 0)
+    mask[0:2, 2] = True  # half of cell (0, 1)
+    assert attention_ceiling((2, 2), mask) == 0.5
+    mask[2:4, 2:4] = True  # all of cell (1, 1)
+    assert attention_ceiling((2, 2), mask) == 1.0
+    small = np.zeros((4, 4), bool)
+    small[1:3, 1:3] = True  # a quarter of each of the four cells
+    rng = np.random.default_rng(0)
+    shares = [attention_correctness(rng.dirichlet(np.ones(4)).reshape(2, 2), small)[0] for _ in range(50)]
+    assert attention_ceiling((2, 2), small) == 0.25 and max(shares) <= 0.25 + 1e-12
+    with pytest.raises(ValueError):
+        attention_ceiling((3, 3), small)
