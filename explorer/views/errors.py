@@ -94,8 +94,12 @@ def draw_summaries(data: dict) -> None:
                ("attention correctness", attention.get("correctness"))]
     if data.get("search"):
         figures.append(("search errors", data["search"].get("search_error_rate")))
+    ceiling = attention.get("ceiling")  # evaluations since it was kept
+    helps = {"attention correctness": None if ceiling is None else (
+        f"Share of α on the named object. The most any α on this grid could put there (all of it on the cell "
+        f"the object covers most): {ceiling:.3f}.")}
     for col, (label, value) in zip(st.columns(len(figures)), figures):
-        col.metric(label, "—" if value is None else f"{value:.3f}")
+        col.metric(label, "—" if value is None else f"{value:.3f}", help=helps.get(label))
 
 
 def load_records(ctx, loaded, cfg) -> dict:
@@ -157,23 +161,22 @@ def main() -> None:
         st.dataframe(pd.DataFrame(words), hide_index=True, width="stretch")
     else:
         st.info("No generated word could be grounded to an object, so there is no attention correctness to show.")
-    counts = count_table(records)
-    if counts:
-        st.subheader("Counts: what the captions said against the scene")
-        st.dataframe(pd.DataFrame(counts), hide_index=True, width="stretch",
-                     column_config={"right": st.column_config.NumberColumn("right", format="%.3f")})
-        st.caption("Every scored count: a plural mention (\"two dogs\", or \"dogs\" without a number: said "
-                   "plural), and every group of identical objects in the scene that a caption named without one "
-                   "mention covering it all (\"a dog\" of two: said 1, the most of the group any one mention "
-                   "named). Rows: how many of that kind the scene holds. *right* is the count accuracy of the row.")
-    kinds = count_table_by_groups(records)
-    if kinds:
-        st.subheader("Counts by the kind of scene")
-        st.dataframe(pd.DataFrame(kinds), hide_index=True, width="stretch",
-                     column_config={"right": st.column_config.NumberColumn("right", format="%.3f")})
-        st.caption("The same counts by how the scene's objects fall into groups of identical ones: *2 + 1* is a "
-                   "pair and one other object. A model that counts a pair alone well but *2 + 1* badly knows how "
-                   "many things stand there but not which kind there are two of.")
+    for title, rows, about in (
+        ("Counts: what the captions said against the scene", count_table(records),
+         "Every scored count: a plural mention (\"two dogs\", or \"dogs\" without a number: said "
+         "plural), and every group of identical objects in the scene that a caption named without one "
+         "mention covering it all (\"a dog\" of two: said 1, the most of the group any one mention "
+         "named). Rows: how many of that kind the scene holds. *right* is the count accuracy of the row."),
+        ("Counts by the kind of scene", count_table_by_groups(records),
+         "The same counts by how the scene's objects fall into groups of identical ones: *2 + 1* is a "
+         "pair and one other object. A model that counts a pair alone well but *2 + 1* badly knows how "
+         "many things stand there but not which kind there are two of."),
+    ):
+        if rows:
+            st.subheader(title)
+            st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
+                         column_config={"right": st.column_config.NumberColumn("right", format="%.3f")})
+            st.caption(about)
     draw_help("What these numbers mean", (
         "CIDEr and BLEU-4 are per-image scores against the image's references (mean per slice; corpus "
         "BLEU pools counts, so the top row can differ). Error labels from the references hold for every dataset: "

@@ -59,6 +59,8 @@ def test_error_analysis_shows_evaluates_records(explorer_env):
     assert metrics["CIDEr"] == f"{expected['corpus']['CIDEr']:.3f}"
     assert metrics["grounded precision"] == f"{expected['grounded']['precision']:.3f}"
     assert metrics["search errors"] == f"{expected['search']['search_error_rate']:.3f}"
+    helps = {m.label: m.help for m in at.metric}
+    assert f"{expected['attention']['ceiling']:.3f}" in helps["attention correctness"]  # the most α could reach
     kinds = at.dataframe[2].value if len(at.dataframe) > 2 else None
     rows = word_type_correctness(expected["records"])
     assert (kinds is None and not rows) or list(kinds["words"]) == [r["words"] for r in rows]
