@@ -172,7 +172,7 @@ class ModelConfig(Config):
                           "stride 16 (D = 112); give it 448 px images (image_size) for the paper's 14×14 grid")
     position: bool = option(False, "append each cell's (x, y) centre, from −1 to 1, to its annotation (D + 2): "
                             "ẑ_t then says where α looks, and α can prefer a side (a scenes world made with "
-                            "--caption-order left_to_right names objects left to right)")
+                            "the shipped --caption-order largest_first names equal groups left to right)")
     tune_blocks: int = option(0, "efficientnet_lite0: train its last N blocks before the stride-16 tap with the "
                               "decoder (their input is computed once and cached; batch-norm keeps ImageNet's "
                               "statistics); 0: the whole encoder frozen, as in the paper", low=0)

@@ -4,11 +4,10 @@
 "there is a kite above a person on the beach". A caption names every group of identical objects
 (same category and colour) once, with its count; pairs of groups are joined by a relation when one
 holds clearly (``scenes.relation_holds(strict=True)``); most captions end with the place. The groups
-come left to right (``caption_order="left_to_right"``, the shipped world: by their leftmost member, so
-"left of" is the one horizontal relation stated), the largest group first and equal ones left to right
-(``"largest_first"``: "two trucks and an umbrella", so the first count word says how many the largest
-group holds instead of how many the leftmost one does; "left of" is again the one horizontal relation)
-or in random order (``"random"``).
+come the largest first and equal ones left to right (``caption_order="largest_first"``, the shipped
+world: "two trucks and an umbrella", so the first count word says how many the largest group holds, not
+how many the leftmost one does), all left to right (``"left_to_right"``: by their leftmost member), so in
+both "left of" is the one horizontal relation stated, or in random order (``"random"``).
 Each count word, colour and noun is linked to the ids of the objects it names (world.py's ``links``).
 """
 
@@ -69,7 +68,7 @@ def _phrase(relation: str, rng: np.random.Generator) -> list[Token]:
 
 
 def caption(gs: list[list[dict[str, Any]]], place: str, rng: np.random.Generator,
-            caption_order: str = "left_to_right") -> list[Token]:
+            caption_order: str = "largest_first") -> list[Token]:
     """One caption naming every group, with relations where they hold and (usually) the place."""
     cats = [g[0]["category"] for g in gs]
     need_colour = [cats.count(c) > 1 for c in cats]  # colour tells same-category groups apart
@@ -123,7 +122,7 @@ def caption(gs: list[list[dict[str, Any]]], place: str, rng: np.random.Generator
 
 
 def describe(objects: list[dict[str, Any]], place: str, rng: np.random.Generator,
-             n: int = CAPTIONS_PER_IMAGE, caption_order: str = "left_to_right") -> list[dict[str, Any]]:
+             n: int = CAPTIONS_PER_IMAGE, caption_order: str = "largest_first") -> list[dict[str, Any]]:
     """n reference captions (distinct where the grammar allows): {"tokens", "raw", "links"}."""
     gs = groups(objects)
     found: dict[tuple[str, ...], list[Token]] = {}

@@ -31,6 +31,9 @@ from sat_core.errors import SatError
 PRESETS = Path(__file__).parent / "presets"
 WORLD = {"train": 8000, "val": 400, "test": 500, "seed": 0}
 NAMES = ("scenes_soft", "scenes_hard", "shapes_soft", "shapes_hard")
+# The scenes world's caption order each scenes preset trains on (its world folder: the preset's data.images).
+# scenes_hard stays on the left-to-right world: trained on largest_first it lost the objects (README).
+CAPTION_ORDER = {"scenes_soft": "largest_first", "scenes_hard": "left_to_right"}
 SHIPPED_DTYPE = torch.float16  # what the shipped weights are stored in (half the size of fp32)
 
 
@@ -38,11 +41,13 @@ def preset_path(name: str) -> Path:
     return PRESETS / f"{name}.json"
 
 
-def ensure_world(cfg: TrainConfig, kind: str = "shapes") -> None:
+def ensure_world(cfg: TrainConfig, kind: str = "shapes", caption_order: str | None = None) -> None:
     """Generate the preset's world if it is missing; refuse a scenes world whose captions name the objects
-    in another order than the shipped models were trained on (worlds written before the order was kept
-    in dataset.json are random-order ones)."""
+    in another order than ``caption_order``, the one the preset trains on (worlds written before the order
+    was kept in dataset.json are random-order ones)."""
     from sat_core.world import SHIPPED_CAPTION_ORDER, generate
+
+    caption_order = caption_order or SHIPPED_CAPTION_ORDER
 
     path = Path(cfg.data.dataset)
     if path.is_file():
@@ -52,13 +57,14 @@ def ensure_world(cfg: TrainConfig, kind: str = "shapes") -> None:
             except (OSError, ValueError) as err:
                 raise SatError(f"Cannot read {path} ({err}); delete its folder and run the ship again to "
                                "regenerate the world.") from err
-            if order != SHIPPED_CAPTION_ORDER:
+            if order != caption_order:
                 raise SatError(
-                    f"{path} names the objects in {order} order, but the shipped scenes models are trained on "
-                    f"--caption-order {SHIPPED_CAPTION_ORDER}. Move {path.parent} aside (or delete it) and run "
-                    "the ship again: it regenerates the world (about 1.5 minutes).")
+                    f"{path} names the objects in {order} order, but this preset trains on --caption-order "
+                    f"{caption_order}. Move {path.parent} aside (or delete it) and run the ship again: it "
+                    "regenerates the world (about 1.5 minutes).")
         return
-    generate(Path(cfg.data.images), WORLD["train"], WORLD["val"], WORLD["test"], seed=WORLD["seed"], kind=kind)
+    generate(Path(cfg.data.images), WORLD["train"], WORLD["val"], WORLD["test"], seed=WORLD["seed"], kind=kind,
+             **({"caption_order": caption_order} if kind == "scenes" else {}))
 
 
 def ensure_encoder(cfg: TrainConfig) -> None:
@@ -252,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     preset = preset_path(args.name)
     try:
         cfg = TrainConfig.from_dict(json.loads(preset.read_text()))
-        ensure_world(cfg, "scenes" if args.name.startswith("scenes_") else "shapes")
+        ensure_world(cfg, "scenes" if args.name.startswith("scenes_") else "shapes", CAPTION_ORDER.get(args.name))
         if not args.repackage:
             ensure_encoder(cfg)
         if not (args.skip_train or args.repackage):

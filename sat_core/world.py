@@ -57,7 +57,7 @@ SIZE_WORDS = {"small": "small", "big": "big", "large": "big"}
 COUNT_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4}
 NUMBER_WORDS = {2: "two", 3: "three", 4: "four"}
 CAPTION_ORDERS = ("random", "left_to_right", "largest_first")  # the scenes world's references (sat_core.scenes_captions)
-SHIPPED_CAPTION_ORDER = "left_to_right"  # the order the shipped scenes models were trained on
+SHIPPED_CAPTION_ORDER = "largest_first"  # the default world's order (the shipped scenes_soft was trained on it)
 RELATIONS = ("left_of", "right_of", "above", "below")
 CONVERSE = {"left_of": "right_of", "right_of": "left_of", "above": "below", "below": "above"}
 RELATION_PHRASES: dict[tuple[str, ...], str] = {
@@ -427,8 +427,8 @@ def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: i
     """Write the dataset (images + dataset.json) under out_dir; return the dataset.json path.
 
     kind: "shapes" (this module: 112 px coloured shapes, the fast test world) or "scenes"
-    (sat_core.scenes: 224 px everyday objects in places). caption_order (scenes only): "left_to_right"
-    (the shipped world), "largest_first" or "random" (sat_core.scenes_captions); a scenes dataset.json
+    (sat_core.scenes: 224 px everyday objects in places). caption_order (scenes only): "largest_first"
+    (the shipped world), "left_to_right" or "random" (sat_core.scenes_captions); a scenes dataset.json
     records it.
     """
     if kind not in KINDS:
@@ -489,9 +489,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=_positive, default=2)
     p.add_argument("--caption-order", choices=CAPTION_ORDERS, default=SHIPPED_CAPTION_ORDER,
-                   help="scenes: name the objects left to right (the shipped world: 'left of' is then the one "
-                        "horizontal relation), the largest group first and equal ones left to right, or in "
-                        "random order")
+                   help="scenes: name the largest group of identical objects first and equal ones left to right "
+                        "(the shipped world: 'two trucks and an umbrella'; 'left of' is the one horizontal "
+                        "relation), every group left to right, or in random order")
     args = p.parse_args(argv)
     start = time.perf_counter()
     try:

@@ -118,9 +118,9 @@ def test_captions_state_relations_places_and_colours(data):
 def test_references_name_groups_left_to_right_so_left_of_is_the_only_horizontal_relation(tmp_path):
     path = world.generate(tmp_path / "random", 24, 0, 0, seed=5, workers=1, kind="scenes", caption_order="random")
     assert any("right" in s["tokens"] for im in json.loads(path.read_text())["images"] for s in im["sentences"])
-    path = world.generate(tmp_path / "default", 24, 0, 0, seed=5, workers=1, kind="scenes")
+    path = world.generate(tmp_path / "l2r", 24, 0, 0, seed=5, workers=1, kind="scenes", caption_order="left_to_right")
     data = json.loads(path.read_text())
-    assert data["caption_order"] == "left_to_right"  # the shipped world's order is the default
+    assert data["caption_order"] == "left_to_right"
     horizontal = 0
     for im in data["images"]:
         objects = {o["id"]: o for o in im["objects"]}
@@ -137,10 +137,9 @@ def test_references_name_groups_left_to_right_so_left_of_is_the_only_horizontal_
 
 
 def test_largest_first_references_name_the_largest_group_first_and_equal_ones_left_to_right(tmp_path):
-    path = world.generate(tmp_path / "largest", 40, 0, 0, seed=5, workers=1, kind="scenes",
-                          caption_order="largest_first")
+    path = world.generate(tmp_path / "largest", 40, 0, 0, seed=5, workers=1, kind="scenes")
     data = json.loads(path.read_text())
-    assert data["caption_order"] == "largest_first"
+    assert data["caption_order"] == "largest_first"  # the shipped world's order is the default
     mixed = 0  # captions of scenes whose groups differ in size: where this order differs from left to right
     for im in data["images"]:
         objects = {o["id"]: o for o in im["objects"]}

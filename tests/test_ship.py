@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +32,7 @@ def test_every_name_has_a_preset_of_its_world():
         cfg = TrainConfig.from_dict(json.loads(ship.preset_path(name).read_text()))
         scenes = name.startswith("scenes_")
         assert cfg.model.encoder == ("efficientnet_lite0" if scenes else "small")
-        assert cfg.data.dataset.startswith("data/scenes/" if scenes else "data/world/")
+        assert cfg.data.dataset.startswith("data/scenes" if scenes else "data/world/")
 
 
 def test_scenes_card_names_the_annotations_the_preset_trains_on():
@@ -52,22 +53,50 @@ def test_a_scenes_world_in_another_caption_order_is_refused_with_what_to_do(tmp_
     folder.mkdir()
     cfg = TrainConfig.from_dict({"data": {"dataset": str(folder / "dataset.json"), "images": str(folder)}})
     (folder / "dataset.json").write_text(json.dumps({"kind": "scenes", "images": []}))  # written before the key
-    with pytest.raises(SatError, match=r"random order.*--caption-order left_to_right.*Move .*scenes aside"):
+    with pytest.raises(SatError, match=r"random order.*--caption-order largest_first.*Move .*scenes aside"):
         ship.ensure_world(cfg, "scenes")
     (folder / "dataset.json").write_text(json.dumps({"kind": "scenes", "caption_order": "left_to_right",
                                                      "images": []}))
-    ship.ensure_world(cfg, "scenes")  # the shipped order: used as it is
+    with pytest.raises(SatError, match=r"left_to_right order.*--caption-order largest_first"):
+        ship.ensure_world(cfg, "scenes", ship.CAPTION_ORDER["scenes_soft"])
+    ship.ensure_world(cfg, "scenes", ship.CAPTION_ORDER["scenes_hard"])  # the hard preset's world: used as it is
+    (folder / "dataset.json").write_text(json.dumps({"kind": "scenes", "caption_order": "largest_first",
+                                                     "images": []}))
+    ship.ensure_world(cfg, "scenes", "largest_first")
     assert json.loads((folder / "dataset.json").read_text())["images"] == []
+    with pytest.raises(SatError, match=r"largest_first order.*--caption-order left_to_right"):
+        ship.ensure_world(cfg, "scenes", "left_to_right")
 
 
-def test_the_scenes_world_names_objects_left_to_right_unless_told_otherwise(tmp_path):
+def test_each_scenes_preset_trains_on_its_own_world_folder_in_its_caption_order(tmp_path, monkeypatch):
     from sat_core import world
 
-    left = json.loads(world.generate(tmp_path / "a", 2, 0, 0, seed=3, workers=1, kind="scenes").read_text())
+    folders = {}
+    for name, order in ship.CAPTION_ORDER.items():
+        cfg = TrainConfig.from_dict(json.loads(ship.preset_path(name).read_text()))
+        assert Path(cfg.data.dataset).parent == Path(cfg.data.images)
+        folders[name] = cfg.data.images
+        assert (cfg.data.images == "data/scenes") == (order == world.SHIPPED_CAPTION_ORDER)  # the default world
+        made = []
+        monkeypatch.setattr(world, "generate", lambda out, *a, **k: made.append((str(out), k)))
+        cfg = TrainConfig.from_dict({"data": {"dataset": str(tmp_path / name / "dataset.json"),
+                                              "images": str(tmp_path / name)}})
+        ship.ensure_world(cfg, "scenes", order)  # missing: generated in the preset's order
+        assert made == [(str(tmp_path / name), {"seed": 0, "kind": "scenes", "caption_order": order})]
+    assert len(set(folders.values())) == len(folders)  # two orders never share one folder
+
+
+def test_the_scenes_world_names_the_largest_group_first_unless_told_otherwise(tmp_path):
+    from sat_core import world
+
+    largest = json.loads(world.generate(tmp_path / "a", 2, 0, 0, seed=3, workers=1, kind="scenes").read_text())
     rand = json.loads(world.generate(tmp_path / "b", 2, 0, 0, seed=3, workers=1, kind="scenes",
                                      caption_order="random").read_text())
-    assert left["caption_order"] == "left_to_right" and rand["caption_order"] == "random"
-    assert [im["objects"] for im in left["images"]] == [im["objects"] for im in rand["images"]]
+    left = json.loads(world.generate(tmp_path / "c", 2, 0, 0, seed=3, workers=1, kind="scenes",
+                                     caption_order="left_to_right").read_text())
+    assert [d["caption_order"] for d in (largest, rand, left)] == ["largest_first", "random", "left_to_right"]
+    assert [im["objects"] for im in largest["images"]] == [im["objects"] for im in rand["images"]]
+    assert [im["objects"] for im in largest["images"]] == [im["objects"] for im in left["images"]]
 
 
 def test_package_evaluates_the_weights_exactly_as_shipped(tmp_path, vocab):
