@@ -45,6 +45,9 @@ def test_no_arguments_open_the_scenes_soft_model_on_a_scenes_gallery(repo_has_sc
     assert Image.open(path).size == (224, 224)
     loaded = load_checkpoint(SCENES_SOFT)
     tensor, _ = preprocess(load_image(path), loaded.preprocess)
-    cfg = DecodeConfig(beam_size=at.sidebar.slider(key="beam").value, max_len=at.sidebar.slider(key="maxlen").value)
+    lnorm = at.sidebar.slider(key="lnorm").value
+    assert lnorm == loaded.length_norm  # the checkpoint's own setting
+    cfg = DecodeConfig(beam_size=at.sidebar.slider(key="beam").value, max_len=at.sidebar.slider(key="maxlen").value,
+                       length_norm=lnorm)
     best = beam_search(loaded.model, tensor[None], loaded.vocab, cfg)[0][0]
     assert any(best.caption in m.value for m in at.markdown), best.caption
