@@ -135,10 +135,7 @@ def _count_items(mentions: list[Mention], matches: list[list[int]], objects: lis
     """Plural mentions (right iff the scene holds that many of what they matched), and scene groups
     of >= 2 identical objects that were named but not by one plural mention covering them all."""
     by_id = {o["id"]: o for o in objects}
-    groups: dict[tuple[str, Any], set[int]] = {}
-    for o in objects:
-        groups.setdefault((o["category"], o["colour"]), set()).add(o["id"])
-    groups = {key: ids for key, ids in groups.items() if len(ids) > 1}
+    groups = {key: ids for key, ids in _kinds(objects).items() if len(ids) > 1}
     items, covered = [], set()
     for m, ids in zip(mentions, matches):
         if m.count == 1 or not ids:
@@ -229,8 +226,12 @@ def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | No
 def scene_groups(objects: list[dict[str, Any]]) -> list[int]:
     """How many objects each kind (category and colour) of the scene holds, largest first: [2, 1] for
     two trucks and an umbrella."""
-    sizes: dict[tuple[str, Any], int] = {}
+    return sorted((len(ids) for ids in _kinds(objects).values()), reverse=True)
+
+
+def _kinds(objects: list[dict[str, Any]]) -> dict[tuple[str, Any], set[int]]:
+    """The ids of the scene's objects by kind: (category, colour)."""
+    kinds: dict[tuple[str, Any], set[int]] = {}
     for o in objects:
-        key = (o["category"], o["colour"])
-        sizes[key] = sizes.get(key, 0) + 1
-    return sorted(sizes.values(), reverse=True)
+        kinds.setdefault((o["category"], o["colour"]), set()).add(o["id"])
+    return kinds
