@@ -66,6 +66,7 @@ from typing import Any
 
 import torch
 
+from sat_core import native
 from sat_core.config import DecodeConfig, ModelConfig
 from sat_core.decoding import beam_search, pick_device
 from sat_core.errors import SatError
@@ -417,7 +418,8 @@ def decode_case(dm: DecodeModel, device: torch.device, precision: str, K: int, B
             "images_per_s": B / seconds, "steps": steps, "ms_per_step": step_ms, "decoder_step_ms": dec_ms,
             "gemm_ms": gemm_ms, "attention_ms": attn_ms, "floor_ms": floor_ms, "floor_precision": floor_p,
             "ceiling_images_per_s": 1000 * B / (steps * floor_ms),
-            "step_over_gemm": step_ms / gemm_ms, "step_over_floor": step_ms / floor_ms, "peak_mb": mem.mb}
+            "step_over_gemm": step_ms / gemm_ms, "step_over_floor": step_ms / floor_ms, "peak_mb": mem.mb,
+            "fused_loops": device.type == "cpu" and native.available()}
 
 
 def one_by_one_case(dm: DecodeModel, device: torch.device, precision: str, K: int, B: int, max_len: int,
@@ -523,11 +525,17 @@ def run_compile(device: torch.device, quick: bool = False) -> dict[str, Any]:
         compile_s = time.perf_counter() - started
         diff = float((out - eager(proj, wh, w)).abs().max())
         runs = 3 if quick else 20
+        ways = [("eager", eager), ("compiled", compiled), ("plain", plain)]
+        fused = device.type == "cpu" and native.available()
+        if fused:
+            ways.append(("fused", native.attention_scores))
+            fused_diff = float((native.attention_scores(proj, wh, w) - eager(proj, wh, w)).abs().max())
         times = {name: 1000 * timed(lambda f=f: f(proj, wh, w), device, min_time=60.0, max_runs=runs)[0]
-                 for name, f in (("eager", eager), ("compiled", compiled), ("plain", plain))}
+                 for name, f in ways}
     return {"device": device.type, "batch": B, "beam": k, "eager_chunked_ms": times["eager"],
             "eager_whole_ms": times["plain"], "compiled_ms": times["compiled"], "compile_s": compile_s,
-            "max_abs_diff": diff}
+            "max_abs_diff": diff, "fused_ms": times["fused"] if fused else None,
+            "fused_max_abs_diff": fused_diff if fused else None}
 
 
 # ---- graph: the decode step eager, as a CUDA graph, and compiled with mode="reduce-overhead" ----------
@@ -677,6 +685,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a benchmark")
     p.add_argument("--json", dest="json_out", help="also write the figures to this JSON file")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+    p.add_argument("--fused", default="on", choices=("on", "off"),
+                   help="the fused CPU loops of sat_core/native: on where they build (default), or off: "
+                        "the PyTorch code alone, as a baseline")
     p.add_argument("--checkpoint", default="checkpoints/shapes_soft", help="agreement: the checkpoint")
     p.add_argument("--data", default="data/world/dataset.json", help="agreement: Karpathy-format dataset JSON")
     p.add_argument("--images", default="data/world", help="agreement: the dataset's image folder")
@@ -692,7 +703,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run(what: str, devices: list[torch.device], *, quick: bool = False, precision: str = "all",
         which: str = "all") -> dict[str, Any]:
     """Run one benchmark, print its tables, return the figures."""
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {describe_cpu()}"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {describe_cpu()}, "
+          f"fused CPU loops (sat_core/native) {'on' if native.available() else 'off'}"
           + "".join(f", {torch.cuda.get_device_name(d)}" for d in devices if d.type == "cuda"))
     if what == "train":
         figures: dict[str, Any] = {"train": run_train(devices, quick=quick, precision=precision)}
@@ -717,27 +729,9 @@ def main(argv: list[str] | None = None) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or threads)
     try:
-        if args.what == "agreement":
-            figures = run_agreement(args.checkpoint, args.data, args.images, args.split, args.beam, args.max_len,
-                                    devices[-1], args.limit, args.length_norm)
-            print(f"{figures['checkpoint']} {figures['split']} split, {figures['images']} images, beam "
-                  f"{figures['beam']}, length normalisation {figures['length_norm']}, {figures['device']}: "
-                  "same best caption in bf16 and fp32 for "
-                  f"{100 * figures['same_best_caption']:.1f} %; BLEU-4 fp32 {figures['bleu4_fp32']:.4f}, "
-                  f"bf16 {figures['bleu4_bf16']:.4f} (Δ {figures['bleu4_delta']:+.4f}); decoding "
-                  f"{figures['seconds_fp32']:.1f} s fp32, {figures['seconds_bf16']:.1f} s bf16")
-        elif args.what == "compile":
-            figures = run_compile(devices[-1], quick=args.quick)
-            print(f"attention block, batch {figures['batch']} × beam {figures['beam']}, {figures['device']}, fp32: "
-                  f"chunked eager {figures['eager_chunked_ms']:.1f} ms, whole eager {figures['eager_whole_ms']:.1f} ms, "
-                  f"torch.compile {figures['compiled_ms']:.1f} ms after {figures['compile_s']:.0f} s of compiling "
-                  f"(largest difference {figures['max_abs_diff']:.1e})")
-        elif args.what == "graph":
-            figures = {"graph": run_graph(devices[-1], quick=args.quick, precision=args.precision)}
-            print(_by_precision(figures["graph"], GRAPH_COLUMNS,
-                                "the decode step (Decoder.step, soft attention) eager, as a CUDA graph, compiled"))
-        else:
-            figures = run(args.what, devices, quick=args.quick, precision=args.precision, which=args.model)
+        off = native.disabled() if args.fused == "off" else contextlib.nullcontext()
+        with off:
+            figures = _run_command(args, devices)
     except SatError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -747,6 +741,35 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json_out).write_text(json.dumps(figures, indent=1) + "\n")
         print(f"wrote {args.json_out}")
     return 0
+
+
+def _run_command(args: argparse.Namespace, devices: list[torch.device]) -> dict[str, Any]:
+    """The command's figures, its tables printed."""
+    if args.what == "agreement":
+        figures = run_agreement(args.checkpoint, args.data, args.images, args.split, args.beam, args.max_len,
+                                devices[-1], args.limit, args.length_norm)
+        print(f"{figures['checkpoint']} {figures['split']} split, {figures['images']} images, beam "
+              f"{figures['beam']}, length normalisation {figures['length_norm']}, {figures['device']}: "
+              "same best caption in bf16 and fp32 for "
+              f"{100 * figures['same_best_caption']:.1f} %; BLEU-4 fp32 {figures['bleu4_fp32']:.4f}, "
+              f"bf16 {figures['bleu4_bf16']:.4f} (Δ {figures['bleu4_delta']:+.4f}); decoding "
+              f"{figures['seconds_fp32']:.1f} s fp32, {figures['seconds_bf16']:.1f} s bf16")
+    elif args.what == "compile":
+        figures = run_compile(devices[-1], quick=args.quick)
+        print(f"attention block, batch {figures['batch']} × beam {figures['beam']}, {figures['device']}, fp32: "
+              f"chunked eager {figures['eager_chunked_ms']:.1f} ms, whole eager {figures['eager_whole_ms']:.1f} ms, "
+              f"torch.compile {figures['compiled_ms']:.1f} ms after {figures['compile_s']:.0f} s of compiling "
+              f"(largest difference {figures['max_abs_diff']:.1e})"
+              + (f"; fused C loop (sat_core/native) {figures['fused_ms']:.1f} ms (largest difference "
+                 f"{figures['fused_max_abs_diff']:.1e})" if figures["fused_ms"] is not None else
+                 "; fused C loop not available here"))
+    elif args.what == "graph":
+        figures = {"graph": run_graph(devices[-1], quick=args.quick, precision=args.precision)}
+        print(_by_precision(figures["graph"], GRAPH_COLUMNS,
+                            "the decode step (Decoder.step, soft attention) eager, as a CUDA graph, compiled"))
+    else:
+        figures = run(args.what, devices, quick=args.quick, precision=args.precision, which=args.model)
+    return figures
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from sat_core import native
 from sat_core.config import DecodeConfig
 from sat_core.errors import SatError
 from sat_core.models.captioner import Captioner
@@ -259,6 +260,8 @@ def _top_log_probs(model: Captioner, out, banned: list[int], n_top: int) -> tupl
     """
     inf = float("inf")
     bf16 = out.logits.dtype != torch.float32
+    if out.logits.device.type == "cpu" and native.available():
+        return _top_log_probs_fused(model, out, banned, n_top)
     logits = out.logits.float() if bf16 else out.logits.clone()  # (N, V) fp32, our own copy
     held = logits[:, banned]  # (N, b) banned ids still count in the normaliser
     logits[:, banned] = -inf
@@ -271,6 +274,25 @@ def _top_log_probs(model: Captioner, out, banned: list[int], n_top: int) -> tupl
         top_exact, parts = top, [logits, held]
     norm = torch.logsumexp(torch.cat([torch.logsumexp(x, 1, keepdim=True) for x in parts], 1), 1, keepdim=True)
     return words, (top_exact - norm).masked_fill(top == -inf, -inf)
+
+
+def _top_log_probs_fused(model: Captioner, out, banned: list[int], n_top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_top_log_probs`` with the best words, the row's max and Σ exp found in one pass (``native.top_words``).
+
+    The normaliser swaps the top words' bf16 terms for their exact ones: Σ_all − Σ_top(bf16) + Σ_top(exact),
+    in fp64 (the difference loses nothing that matters: the exact terms are added back at full size).
+    """
+    logits = out.logits
+    mask = torch.zeros(logits.shape[1], dtype=torch.bool)
+    mask[banned] = True
+    top, words, row_max, total = native.top_words(logits, mask, n_top)  # (N, T), (N, T), (N,), (N,)
+    allowed = top > -float("inf")  # (N, T) False past the allowed words
+    top_exact = model.decoder.exact_logits(out.deep_out, words) if logits.dtype != torch.float32 else top
+    m = row_max.double().unsqueeze(1)  # (N, 1)
+    kept = lambda x: torch.where(allowed, (x.double() - m).exp(), 0.0).sum(1)  # noqa: E731
+    norm = m.squeeze(1) + (total - kept(top) + kept(top_exact)).log()  # (N,)
+    logp = (top_exact.double() - norm.unsqueeze(1)).float()
+    return words, logp.masked_fill(~allowed, -float("inf"))
 
 
 def _exact_log_probs(model: Captioner, out, words: torch.Tensor) -> torch.Tensor:

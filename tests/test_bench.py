@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from sat_core import bench
+from sat_core import bench, native
 
 
 def _precisions() -> list[str]:
@@ -60,6 +60,18 @@ def test_decode_quick(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "step/floor" in printed and "one-by-one img/s" in printed and "precision fp32" in printed
     assert "ceiling img/s" in printed and "ceiling speed-up" in printed
+    on = native.available()
+    assert all(r["fused_loops"] is on for r in rows)
+    assert f"fused CPU loops (sat_core/native) {'on' if on else 'off'}" in printed
+
+
+def test_decode_with_the_fused_loops_off_is_the_pytorch_baseline(tmp_path, capsys):
+    out = tmp_path / "decode.json"
+    assert bench.main(["decode", "--quick", "--device", "cpu", "--threads", "1", "--precision", "fp32",
+                       "--fused", "off", "--json", str(out)]) == 0
+    assert not any(r["fused_loops"] for r in json.loads(out.read_text())["decode"])
+    assert "fused CPU loops (sat_core/native) off" in capsys.readouterr().out
+    assert native.available() == (native.library() is not None), "--fused off must not outlive main()"
 
 
 def test_compile_quick_agrees_with_the_eager_block(tmp_path, capsys):
@@ -72,6 +84,9 @@ def test_compile_quick_agrees_with_the_eager_block(tmp_path, capsys):
     assert figures["compiled_ms"] > 0 and figures["eager_chunked_ms"] > 0 and figures["compile_s"] > 0
     printed = capsys.readouterr().out
     assert "torch.compile" in printed and "chunked eager" in printed
+    if native.available():
+        assert figures["fused_ms"] > 0 and figures["fused_max_abs_diff"] < 1e-3
+        assert "fused C loop (sat_core/native)" in printed
 
 
 def test_peak_memory_sees_an_allocation():

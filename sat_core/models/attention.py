@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sat_core import native
+
 
 class AttentionMLP(nn.Module):
     """e_ti = w^T tanh(W_a a_i + W_h h_{t−1} + b);  α_t = softmax(e_t).
@@ -22,6 +24,8 @@ class AttentionMLP(nn.Module):
 
     The block is never materialised whole: a few images at a time it is formed in a buffer that stays
     in cache, and under autograd (``_Scores``) the backward pass forms it again rather than storing it.
+    Without gradients on a CPU, ``sat_core.native`` computes the scores in one fused C loop where it
+    can be built (the same values to fp32 rounding; about twice as fast at batch 64 × beam 5).
     """
 
     # Images per chunk of the (chunk, k, L, A) block in no-grad decoding: small enough to stay in
@@ -64,6 +68,8 @@ class AttentionMLP(nn.Module):
             e = _Scores.apply(proj, wh, w, self.relu, step, sink)  # (B, k, L)
             # w's bias cancels in the softmax (zero gradient), but DDP wants every parameter used.
             e = e + self.w.bias.float()
+        elif proj.device.type == "cpu" and not self.relu and native.available():
+            e = native.attention_scores(proj, wh.view(B, k, A), w)  # one fused loop, same values
         else:
             e = _scores(proj, wh, w, self.relu, step)
         return torch.softmax(e.view(B * k, L), dim=1)  # (N, L)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sat_core import native
 from sat_core.config import ModelConfig
 from sat_core.models.attention import AttentionMLP, attend
 from sat_core.precision import compute_dtype
@@ -165,6 +166,8 @@ class Decoder(nn.Module):
         bf16 rounds a logit of 10 by up to 0.03, enough to swap near-tied captions; beam search finds
         its candidates on the bf16 logits and re-scores these few exactly.
         """
+        if deep_out.device.type == "cpu" and native.available():
+            return native.exact_logits(self.L_o.weight, self.L_o.bias, deep_out, words)  # no (N, W, m) gather
         W = self.L_o.weight.float()[words]  # (N, W, m)
         # Elementwise product and sum: matmul would run in bf16 again under autocast.
         return (W * deep_out.float().unsqueeze(1)).sum(2) + self.L_o.bias.float()[words]  # (N, W)

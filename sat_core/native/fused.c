@@ -1,0 +1,188 @@
+/* Fused loops for no-grad decoding on a CPU (sat_core.native builds and loads this file).
+
+   attention_scores: f_att's scores without the (B, k, L, A) block. Each image's projection row
+   proj[b, l, :] is read once and stays in L1 while every beam of the image uses it:
+       e[b, j, l] = sum_a w[a] * sigmoid(proj[b, l, a] + wh[b, j, a])
+   (AttentionMLP's doubled form of w^T tanh(.)).
+
+   exact_logits: chosen words' logits in fp32, W[word] . x + b[word], without gathering W's rows.
+
+   top_words: each row's n best non-banned logits (bf16 or fp32) with their ids, the row's max over
+   every word and sum_i exp(x_i - max): the normaliser of the softmax, in one read of the row.
+
+   Both split their rows over `threads` OpenMP threads. Compiled with -O3 -ffast-math (and
+   -march=native where the compiler accepts it) so the inner loops run on the CPU's vector units.
+*/
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef void (*range_fn)(void *args, int64_t start, int64_t stop);
+
+/* Runs fn over [0, n) in `threads` contiguous parts. Built with -fopenmp, the parts run on the
+   process's OpenMP threads, which are PyTorch's own where PyTorch ships the same libgomp.so.1 (it
+   does on Linux): one pool, no second set of threads spinning against the first. */
+static void parallel(range_fn fn, void *args, int64_t n, int threads) {
+    if (threads > n) threads = (int)n;
+    if (threads <= 1) {
+        fn(args, 0, n);
+        return;
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < threads; t++)
+        fn(args, n * t / threads, n * (t + 1) / threads);
+}
+
+/* ---- attention scores ---------------------------------------------------------------------- */
+
+struct scores_args {
+    const float *proj; /* (B, L, A) */
+    const float *wh;   /* (B, k, A) */
+    const float *w;    /* (A,) */
+    float *e;          /* (B, k, L) */
+    int64_t k, L, A;
+};
+
+/* exp(x) for |x| <= 87: 2^n · 2^f with n = round(x log2 e), |f| <= 1/2, and 2^f from its Taylor series
+   to degree 6 (relative error below 1.3e-7, about fp32's rounding). Written out so that the compiler
+   vectorises it inline: libm's expf, even vectorised, costs three times the rest of the loop. */
+static inline float exp_approx(float x) {
+    float t = x * 1.44269504088896341f;
+    float n = __builtin_roundf(t);
+    float f = t - n;
+    float p = 1.5403530393381606e-04f;
+    p = p * f + 1.3333558146428441e-03f;
+    p = p * f + 9.618129107628477e-03f;
+    p = p * f + 5.5504108664821576e-02f;
+    p = p * f + 2.402265069591007e-01f;
+    p = p * f + 6.931471805599453e-01f;
+    p = p * f + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+static float score(const float *restrict p, const float *restrict q, const float *restrict w, int64_t A) {
+    float acc = 0.0f;
+    for (int64_t a = 0; a < A; a++) {
+        float x = p[a] + q[a];
+        x = fminf(fmaxf(x, -30.0f), 30.0f); /* sigmoid is 0 or 1 to fp32 beyond; exp stays finite */
+        acc += w[a] / (1.0f + exp_approx(-x));
+    }
+    return acc;
+}
+
+static void scores_range(void *p, int64_t start, int64_t stop) {
+    const struct scores_args *s = (const struct scores_args *)p;
+    const int64_t k = s->k, L = s->L, A = s->A;
+    for (int64_t b = start; b < stop; b++) {
+        const float *proj = s->proj + b * L * A;
+        const float *wh = s->wh + b * k * A;
+        float *e = s->e + b * k * L;
+        for (int64_t l = 0; l < L; l++)
+            for (int64_t j = 0; j < k; j++)
+                e[j * L + l] = score(proj + l * A, wh + j * A, s->w, A);
+    }
+}
+
+void attention_scores(const float *proj, const float *wh, const float *w, float *e,
+                      int64_t B, int64_t k, int64_t L, int64_t A, int threads) {
+    struct scores_args s = {proj, wh, w, e, k, L, A};
+    parallel(scores_range, &s, B, threads);
+}
+
+/* ---- each row's best words and its softmax normaliser ------------------------------------- */
+
+struct top_args {
+    const void *logits; /* (N, V) bf16 (as uint16) or fp32 */
+    int bf16;
+    const uint8_t *banned; /* (V,) 1 where a word may not be chosen (it still counts in the sum) */
+    int64_t V, n_top;
+    float *top;     /* (N, n_top) values, best first; -inf where fewer words are allowed */
+    int64_t *words; /* (N, n_top) */
+    float *row_max; /* (N,) */
+    double *sum;    /* (N,) sum_i exp(x_i - row_max) */
+};
+
+static inline float bf16_to_float(uint16_t v) {
+    uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static void top_range(void *p, int64_t start, int64_t stop) {
+    const struct top_args *s = (const struct top_args *)p;
+    const int64_t V = s->V, n = s->n_top;
+    float row[V];
+    for (int64_t r = start; r < stop; r++) {
+        if (s->bf16) {
+            const uint16_t *x = (const uint16_t *)s->logits + r * V;
+            for (int64_t i = 0; i < V; i++) row[i] = bf16_to_float(x[i]);
+        } else {
+            memcpy(row, (const float *)s->logits + r * V, V * sizeof(float));
+        }
+        float m = -INFINITY;
+        for (int64_t i = 0; i < V; i++) m = fmaxf(m, row[i]);
+        float acc = 0.0f;
+        for (int64_t i = 0; i < V; i++) acc += expf(row[i] - m);
+        s->row_max[r] = m;
+        s->sum[r] = acc;
+        /* insertion into a sorted list of n: most words fail the first comparison */
+        float *top = s->top + r * n;
+        int64_t *words = s->words + r * n;
+        for (int64_t j = 0; j < n; j++) {
+            top[j] = -INFINITY;
+            words[j] = 0;
+        }
+        int64_t filled = 0;
+        for (int64_t i = 0; i < V; i++) {
+            float v = row[i];
+            if ((filled == n && !(v > top[n - 1])) || s->banned[i]) continue;
+            int64_t j = filled < n ? filled++ : n - 1;
+            while (j > 0 && top[j - 1] < v) { /* ties keep the lower id first, as a stable sort */
+                top[j] = top[j - 1];
+                words[j] = words[j - 1];
+                j--;
+            }
+            top[j] = v;
+            words[j] = i;
+        }
+    }
+}
+
+void top_words(const void *logits, int bf16, const uint8_t *banned, int64_t N, int64_t V, int64_t n_top,
+               float *top, int64_t *words, float *row_max, double *sum, int threads) {
+    struct top_args s = {logits, bf16, banned, V, n_top, top, words, row_max, sum};
+    parallel(top_range, &s, N, threads);
+}
+
+/* ---- chosen words' logits in fp32 ---------------------------------------------------------- */
+
+struct exact_args {
+    const float *W, *bias, *x; /* (V, m), (V,), (N, m) */
+    const int64_t *words;      /* (N, n) */
+    float *out;                /* (N, n) */
+    int64_t m, n;
+};
+
+static void exact_range(void *p, int64_t start, int64_t stop) {
+    const struct exact_args *s = (const struct exact_args *)p;
+    for (int64_t r = start; r < stop; r++) {
+        const float *restrict x = s->x + r * s->m;
+        for (int64_t j = 0; j < s->n; j++) {
+            const int64_t word = s->words[r * s->n + j];
+            const float *restrict w = s->W + word * s->m;
+            float acc = 0.0f;
+            for (int64_t i = 0; i < s->m; i++) acc += w[i] * x[i];
+            s->out[r * s->n + j] = acc + s->bias[word];
+        }
+    }
+}
+
+void exact_logits(const float *W, const float *bias, const float *x, const int64_t *words, float *out,
+                  int64_t N, int64_t m, int64_t n, int threads) {
+    struct exact_args s = {W, bias, x, words, out, m, n};
+    parallel(exact_range, &s, N, threads);
+}
