@@ -45,6 +45,38 @@ def test_captions_of_one_image_share_its_annotations(vocab):
     assert torch.allclose(shared.logits, repeated.logits, atol=1e-5)
 
 
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_grouped_captions_read_each_image_in_place_with_the_same_values_and_gradients(vocab, attention, monkeypatch):
+    """--batching image gives k adjacent captions per image: the decoder then reads each image's
+    projection in place (as beam search reads its beams'); losses and gradients equal the indexed copies."""
+    from sat_core.models import captioner as captioner_module
+
+    torch.manual_seed(0)
+    model = Captioner(tiny_config(len(vocab), attention=attention)).train()
+    images, caps = torch.randn(3, 3, 112, 112), captions(6, 5, len(vocab))
+    grouped = torch.tensor([0, 0, 1, 1, 2, 2])
+    assert captioner_module._grouped(grouped, 3)
+    assert not captioner_module._grouped(torch.tensor([0, 1, 0, 1, 2, 2]), 3)
+    assert not captioner_module._grouped(torch.tensor([0, 0, 0, 1, 1, 2]), 3)
+
+    def run() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad()
+        out = model(images, caps, image_index=grouped, generator=torch.Generator().manual_seed(1))
+        loss = out.logits.logsumexp(-1).sum() + (out.alphas ** 2).sum() + out.log_p_loc.sum()
+        loss.backward()
+        return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    torch.manual_seed(2)
+    in_place, grads = run()
+    monkeypatch.setattr(captioner_module, "_grouped", lambda *a: False)  # the per-caption copies
+    torch.manual_seed(2)
+    copied, ref_grads = run()
+    torch.testing.assert_close(in_place, copied, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == ref_grads.keys() and "decoder.attention.W_a.weight" in grads
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_hard_training_mixes_sampled_and_expected_examples(vocab):
     torch.manual_seed(0)
     model = Captioner(tiny_config(len(vocab), attention="hard")).train()

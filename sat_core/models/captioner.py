@@ -66,7 +66,13 @@ class Captioner(nn.Module):
             feats = self.encode(images).feats  # (U, L, D)
         prep, h, c = self.decoder.prepare(feats)  # per unique image: (U, L, A), (U, n)
         if image_index is not None:
-            prep, h, c = prep.index(image_index), h[image_index], c[image_index]  # (B, …)
+            if _grouped(image_index, feats.shape[0]):
+                # k adjacent captions per image (--batching image): the decoder reads each image's
+                # projection and annotations in place, as beam search does with its beams, instead
+                # of k copies (and its backward pass sums their gradients once per image).
+                h, c = h[image_index], c[image_index]  # (B, n)
+            else:
+                prep, h, c = prep.index(image_index), h[image_index], c[image_index]  # (B, …)
         B, T = captions.shape[0], captions.shape[1] - 1
         sample = None
         if self.hard and self.training:
@@ -79,3 +85,13 @@ class Captioner(nn.Module):
         if sample is None:
             sample = torch.zeros(B, dtype=torch.bool, device=captions.device)
         return TeacherForced(logits, alphas, betas, log_p, sample)
+
+
+def _grouped(image_index: torch.Tensor, n_images: int) -> bool:
+    """True when ``image_index`` is 0…0, 1…1, …: the same number k ≥ 1 of adjacent rows for every image."""
+    B = image_index.shape[0]
+    if n_images == 0 or B % n_images:
+        return False
+    k = B // n_images
+    expected = torch.arange(n_images, device=image_index.device).repeat_interleave(k)
+    return bool(torch.equal(image_index, expected))
