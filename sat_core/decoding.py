@@ -258,10 +258,10 @@ def _top_log_probs(model: Captioner, out, banned: list[int], n_top: int) -> tupl
     found on the bf16 logits, then re-scored exactly (``Decoder.exact_logits``), and the softmax's
     normaliser uses the exact values for them and the bf16 ones for the rest of the vocabulary.
     """
-    inf = float("inf")
-    bf16 = out.logits.dtype != torch.float32
     if out.logits.device.type == "cpu" and native.available():
         return _top_log_probs_fused(model, out, banned, n_top)
+    inf = float("inf")
+    bf16 = out.logits.dtype != torch.float32
     logits = out.logits.float() if bf16 else out.logits.clone()  # (N, V) fp32, our own copy
     held = logits[:, banned]  # (N, b) banned ids still count in the normaliser
     logits[:, banned] = -inf

@@ -36,14 +36,16 @@ def test_attention_scores_equal_the_pytorch_block(B, k, L, A):
 
 
 @needs_native
+@pytest.mark.parametrize("V", [500, 5000])  # 5000: a row read in three pieces, its max found in the last
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_top_words_are_torch_topk_without_the_banned_and_the_normaliser_is_logsumexp(dtype):
+def test_top_words_are_torch_topk_without_the_banned_and_the_normaliser_is_logsumexp(dtype, V):
     g = torch.Generator().manual_seed(0)
-    N, V, n = 6, 500, 7
+    N, n = 6, 7
     logits = (4 * torch.randn(N, V, generator=g)).to(dtype)
     banned = torch.zeros(V, dtype=torch.bool)
     banned[[0, 2, 3]] = True
     logits[1, 2] = 50.0  # a banned word that would win: never chosen, still in the normaliser
+    logits[4, V - 1] = 40.0  # the row's max in its last word
     top, words, row_max, total = native.top_words(logits, banned, n)
     allowed = logits.float().masked_fill(banned, -float("inf"))
     ref_top, ref_words = allowed.topk(n, dim=1)
@@ -52,7 +54,7 @@ def test_top_words_are_torch_topk_without_the_banned_and_the_normaliser_is_logsu
     assert torch.equal(logits.float().gather(1, words), top)  # each value is its word's
     if dtype == torch.float32:  # no ties: the same words in the same order
         assert torch.equal(words, ref_words)
-    assert row_max[1] == 50.0
+    assert row_max[1] == 50.0 and row_max[4] == 40.0 and words[4, 0] == V - 1
     lse = torch.logsumexp(logits.float().double(), 1)
     torch.testing.assert_close(row_max.double() + total.log(), lse, rtol=0, atol=1e-5)
 

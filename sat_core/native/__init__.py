@@ -91,7 +91,7 @@ def library() -> ctypes.CDLL | None:
     for flags in FLAG_SETS:
         try:
             path = _build(compiler, flags)
-        except OSError:  # an unwritable cache folder: no library, not an error
+        except (OSError, RuntimeError):  # an unwritable cache folder, or no home folder: no library, not an error
             return None
         if path is None:
             continue

@@ -112,24 +112,14 @@ static inline float bf16_to_float(uint16_t v) {
     return f;
 }
 
+/* Words per piece of a row: converted to fp32 into a buffer that stays in L1, however large V is. */
+#define PIECE 2048
+
 static void top_range(void *p, int64_t start, int64_t stop) {
     const struct top_args *s = (const struct top_args *)p;
     const int64_t V = s->V, n = s->n_top;
-    float row[V];
+    float buf[PIECE];
     for (int64_t r = start; r < stop; r++) {
-        if (s->bf16) {
-            const uint16_t *x = (const uint16_t *)s->logits + r * V;
-            for (int64_t i = 0; i < V; i++) row[i] = bf16_to_float(x[i]);
-        } else {
-            memcpy(row, (const float *)s->logits + r * V, V * sizeof(float));
-        }
-        float m = -INFINITY;
-        for (int64_t i = 0; i < V; i++) m = fmaxf(m, row[i]);
-        float acc = 0.0f;
-        for (int64_t i = 0; i < V; i++) acc += expf(row[i] - m);
-        s->row_max[r] = m;
-        s->sum[r] = acc;
-        /* insertion into a sorted list of n: most words fail the first comparison */
         float *top = s->top + r * n;
         int64_t *words = s->words + r * n;
         for (int64_t j = 0; j < n; j++) {
@@ -137,18 +127,40 @@ static void top_range(void *p, int64_t start, int64_t stop) {
             words[j] = 0;
         }
         int64_t filled = 0;
-        for (int64_t i = 0; i < V; i++) {
-            float v = row[i];
-            if ((filled == n && !(v > top[n - 1])) || s->banned[i]) continue;
-            int64_t j = filled < n ? filled++ : n - 1;
-            while (j > 0 && top[j - 1] < v) { /* ties keep the lower id first, as a stable sort */
-                top[j] = top[j - 1];
-                words[j] = words[j - 1];
-                j--;
+        float m = -INFINITY, acc = 0.0f; /* running max and sum of exp(x - m), rescaled when m grows */
+        for (int64_t at = 0; at < V; at += PIECE) {
+            const int64_t len = V - at < PIECE ? V - at : PIECE;
+            if (s->bf16) {
+                const uint16_t *x = (const uint16_t *)s->logits + r * V + at;
+                for (int64_t i = 0; i < len; i++) buf[i] = bf16_to_float(x[i]);
+            } else {
+                memcpy(buf, (const float *)s->logits + r * V + at, len * sizeof(float));
             }
-            top[j] = v;
-            words[j] = i;
+            float piece_max = -INFINITY;
+            for (int64_t i = 0; i < len; i++) piece_max = fmaxf(piece_max, buf[i]);
+            if (piece_max > m) {
+                acc = m == -INFINITY ? 0.0f : acc * expf(m - piece_max);
+                m = piece_max;
+            }
+            float part = 0.0f;
+            for (int64_t i = 0; i < len; i++) part += expf(buf[i] - m);
+            acc += part;
+            /* insertion into a sorted list of n: most words fail the first comparison */
+            for (int64_t i = 0; i < len; i++) {
+                float v = buf[i];
+                if ((filled == n && !(v > top[n - 1])) || s->banned[at + i]) continue;
+                int64_t j = filled < n ? filled++ : n - 1;
+                while (j > 0 && top[j - 1] < v) { /* ties keep the lower id first, as a stable sort */
+                    top[j] = top[j - 1];
+                    words[j] = words[j - 1];
+                    j--;
+                }
+                top[j] = v;
+                words[j] = at + i;
+            }
         }
+        s->row_max[r] = m;
+        s->sum[r] = acc;
     }
 }
 
