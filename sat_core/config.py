@@ -272,8 +272,9 @@ class OptimConfig(Config):
     grad_clip: float = option(5.0, "gradient norm clip; 0: off", low=0.0)
     epochs: int = option(10, "epochs to train", low=1)
     patience: int = option(3, "epochs without a better validation BLEU-4 before stopping; 0: never", low=0)
-    max_minutes: float = option(0.0, "stop before an epoch that would end past this training time; 0: no limit",
-                                low=0.0)
+    max_minutes: float = option(0.0, "minutes from the start of the run (reading and encoding the images "
+                                "included): stop before an epoch that would end past them, and end a cosine "
+                                "schedule with the last epoch that fits; 0: no limit", low=0.0)
     select_metric: str = option("bleu4", "validation metric that picks best/ and drives early stopping",
                                 choices=("bleu4", "cider"))
     save_every: int = option(200, "optimizer steps between resumable checkpoints (and every epoch end); 0: epochs only",
@@ -283,11 +284,12 @@ class OptimConfig(Config):
         if self.lr_final > 1:
             raise SatError(f"OptimConfig.lr_final is a share of --lr, at most 1, not {self.lr_final}.")
 
-    def lr_at(self, step: int, steps_per_epoch: int) -> float:
-        """The rate for optimizer step ``step`` (0-based): cosine from lr to lr_final·lr over all the epochs."""
+    def lr_at(self, step: int, steps_per_epoch: int, epochs: int | None = None) -> float:
+        """The rate for optimizer step ``step`` (0-based): cosine from lr to lr_final·lr over all the epochs
+        (``epochs``, when the time budget fits fewer than ``self.epochs``)."""
         if self.lr_schedule == "constant":
             return self.lr
-        progress = min(step / max(self.epochs * steps_per_epoch, 1), 1.0)
+        progress = min(step / max((epochs or self.epochs) * steps_per_epoch, 1), 1.0)
         share = self.lr_final + (1 - self.lr_final) * 0.5 * (1 + math.cos(math.pi * progress))
         return self.lr * share
 

@@ -117,6 +117,7 @@ def _read_json(path: Path, flag: str) -> dict[str, Any]:
 class Trainer:
     def __init__(self, cfg: TrainConfig, resume: str | None = None) -> None:
         self.cfg, self.run_dir = cfg, Path(resume or cfg.out)
+        self.started = time.perf_counter()  # --max-minutes counts from here: reading and encoding images too
         self.rank, self.world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         self.device = self._setup_device()
         self.main_process = self.rank == 0
@@ -125,15 +126,18 @@ class Trainer:
         self._build_model()  # encoder weights are found (or refused) before any image is decoded
         self._decode_images()
         self.features = self._feature_cache()
+        self.setup_s = time.perf_counter() - self.started
         self.epoch, self.batch_in_epoch, self.step = 0, 0, 0
+        self.planned_epochs = cfg.optim.epochs  # fewer when the time budget cannot fit them (_fit_schedule)
         self.best, self.bad_epochs = -1.0, 0
         self.baseline = MovingBaseline(cfg.model.hard.baseline_decay)
         if resume:
             self._restore()
-        self.lr = cfg.optim.lr_at(self.step, len(self.loader))  # the schedule's rate; set before every step
+        self.lr = self._rate()  # the schedule's rate; set before every step
         if self.main_process:  # on resume too: flags given with --resume (--lr, --epochs) hold from now on
             self.run_dir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(self.run_dir / "train_config.json", cfg.to_dict())
+            self._log({"event": "setup", "seconds": round(self.setup_s, 1), "images": len(self.store)})
 
     # -- setup
 
@@ -170,8 +174,12 @@ class Trainer:
 
     def _decode_images(self) -> None:
         cfg = self.cfg
+        started = time.perf_counter()
         store = ImageStore(self.data, self.preprocess, splits=("train", cfg.data.val_split),
                            progress=cfg.progress and self.main_process)
+        if self.main_process:
+            print(f"images: {len(store):,} read and resized to {self.preprocess.image_size} px in "
+                  f"{time.perf_counter() - started:.0f} s", flush=True)
         self.store = store
         self.train_set = CaptionDataset(self.data, "train", self.vocab, store)
         self.loader = make_loader(self.train_set, cfg.data.batch_size, shuffle=True, seed=cfg.seed,
@@ -261,15 +269,19 @@ class Trainer:
         grid = (size // self.model.encoder.stride) ** 2
         if cfg.data.cache_features == "auto" and n * grid * self.model_config.feature_dim * 2 > 4 * 2**30:
             return None  # over 4 GiB: encode per batch instead
-        chunks = []
+        chunks, started = [], time.perf_counter()
         # Batches of 32 images at 224 px, 8 at 448 px: larger ones outgrow the cache (114 ms per 448 px
         # image in batches of 64 against 55 in batches of 8 on a 2-core EPYC).
         chunk = max(1, 32 * 224**2 // size**2)
+        what = "the encoder's frozen blocks" if self.model.encoder.tune_blocks else "the frozen encoder"
+        if self.main_process:  # minutes for a scenes world on 2 cores: say so before, not only after
+            print(f"encoder: running {what} once over the {n:,} images (their output is kept for every epoch)…",
+                  flush=True)
         # A new module is in train mode: batch-norm would normalise each chunk by its own statistics
         # (features unlike those at inference) and overwrite the pretrained running averages.
         self.model.eval()
         with torch.no_grad():
-            for start in range(0, n, chunk):
+            for start in self._progress_over(range(0, n, chunk), "encoding", "batch"):
                 images = normalise(self.store.images[start : start + chunk].to(self.device), self.preprocess)
                 if self.model.encoder.tune_blocks:
                     fmap = self.model.encoder.cacheable(images.float())  # (b, C, gh, gw)
@@ -279,7 +291,11 @@ class Trainer:
                 annotations = self.model.encode(images)
                 chunks.append(annotations.feats.half().cpu())  # (b, L, D)
                 self.grid = annotations.grid
-        return torch.cat(chunks)  # (N, L, D), or (N, C, gh, gw) with --tune-blocks
+        cache = torch.cat(chunks)  # (N, L, D), or (N, C, gh, gw) with --tune-blocks
+        if self.main_process:
+            print(f"encoder: {n:,} images in {time.perf_counter() - started:.0f} s "
+                  f"({cache.numel() * 2 / 2**20:.0f} MiB kept in fp16)", flush=True)
+        return cache
 
     # -- one epoch
 
@@ -327,7 +343,7 @@ class Trainer:
             raise self._non_finite("loss", float(parts.total.detach()), batch)
         self.optimizer.zero_grad(set_to_none=True)
         parts.total.backward()
-        self.lr = cfg.optim.lr_at(self.step, len(self.loader))
+        self.lr = self._rate()
         self._set_lr(self.lr)
         # A finite loss can still have inf/NaN gradients; stepping on them would poison the weights
         # that the next save writes. max_norm=inf only measures.
@@ -361,10 +377,14 @@ class Trainer:
         return batches
 
     def _progress(self, loader):
+        return self._progress_over(loader, f"epoch {self.epoch + 1}/{self.planned_epochs}", "batch",
+                                   total=len(self.loader))
+
+    def _progress_over(self, items, desc: str, unit: str, total: int | None = None):
+        """A progress bar on a terminal with --progress; the items themselves otherwise."""
         from tqdm import tqdm
 
-        return tqdm(loader, total=len(self.loader), desc=f"epoch {self.epoch + 1}/{self.cfg.optim.epochs}",
-                    unit="batch", leave=False,
+        return tqdm(items, total=total, desc=desc, unit=unit, leave=False,
                     disable=not (self.cfg.progress and self.main_process and sys.stderr.isatty()))
 
     # -- validation: free-running decoding, BLEU-4
@@ -403,6 +423,7 @@ class Trainer:
         state = {
             "skeleton": skeleton, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
             "step": self.step, "best": self.best, "bad_epochs": self.bad_epochs,
+            "planned_epochs": self.planned_epochs, "epochs": self.cfg.optim.epochs,
             "baseline": self.baseline.value, "numpy_rng": _numpy_state(), "python_rng": _python_state(),
         }
         self._save_model(self.run_dir / "last", extra_json={STATE_JSON: state},
@@ -450,6 +471,8 @@ class Trainer:
         random.setstate(_python_rng(state["python_rng"]))
         self.epoch, self.batch_in_epoch, self.step = state["epoch"], state["batch_in_epoch"], state["step"]
         self.best, self.bad_epochs, self.baseline.value = state["best"], state["bad_epochs"], state["baseline"]
+        if state.get("epochs") == self.cfg.optim.epochs:  # a new --epochs on resume plans afresh
+            self.planned_epochs = state.get("planned_epochs", self.cfg.optim.epochs)
         if self.world > 1:
             # Only rank 0's RNG and baseline are saved: the other ranks continue from a fresh
             # rank-dependent seed, so a multi-process resume is not bit-exact (README says so).
@@ -467,9 +490,9 @@ class Trainer:
 
     def _run_epochs(self) -> dict[str, Any]:
         cfg = self.cfg
-        started, epoch_s = time.perf_counter(), 0.0
-        while self.epoch < cfg.optim.epochs:
-            spent = (time.perf_counter() - started) / 60
+        epoch_s = 0.0
+        while self.epoch < self.planned_epochs:
+            spent = (time.perf_counter() - self.started) / 60
             if cfg.optim.max_minutes and self._from_rank0(spent + epoch_s / 60) > cfg.optim.max_minutes:
                 self._log({"event": "time_budget", "epoch": self.epoch, "minutes": spent})
                 break
@@ -490,10 +513,27 @@ class Trainer:
             self.save_last()
             self._barrier()
             epoch_s = time.perf_counter() - epoch_started
+            self._fit_schedule(epoch_s)
             if cfg.optim.patience and self.bad_epochs >= cfg.optim.patience:
                 self._log({"event": "early_stop", "epoch": self.epoch, self._best_key: self.best})
                 break
         return {"epochs": self.epoch, self._best_key: self.best, "run_dir": str(self.run_dir)}
+
+    def _rate(self) -> float:
+        return self.cfg.optim.lr_at(self.step, len(self.loader), epochs=self.planned_epochs)
+
+    def _fit_schedule(self, epoch_s: float) -> None:
+        """Shorten the plan to the epochs that still fit into --max-minutes, judged by the epoch just run,
+        so that a cosine schedule ends where the run will end instead of being cut off at a high rate."""
+        budget = self.cfg.optim.max_minutes
+        if not budget or self.cfg.optim.lr_schedule == "constant":
+            return
+        left = budget - (time.perf_counter() - self.started) / 60
+        fit = int(self._from_rank0(self.epoch + max(0, int(left * 60 // max(epoch_s, 1e-9)))))
+        if fit < self.planned_epochs:
+            self.planned_epochs = max(fit, self.epoch)
+            self._log({"event": "schedule", "epoch": self.epoch, "epochs": self.planned_epochs,
+                       "minutes": budget - left, "epoch_minutes": epoch_s / 60})
 
     @property
     def _best_key(self) -> str:
@@ -567,6 +607,12 @@ def _console_line(record: dict[str, Any], cfg: TrainConfig, samples: list[tuple[
     if record.get("event") == "early_stop":
         return (f"early stop after epoch {record['epoch']}: no better validation {metric} for "
                 f"{cfg.optim.patience} epochs (best {best:.4f})")
+    if record.get("event") == "setup":
+        return f"setup: {record['seconds']:.0f} s before the first step (counted in --max-minutes)"
+    if record.get("event") == "schedule":
+        return (f"--max-minutes {cfg.optim.max_minutes:g} fits {record['epochs']} epochs at "
+                f"{record['epoch_minutes']:.1f} min each, not {cfg.optim.epochs}: the cosine schedule now ends "
+                f"after epoch {record['epochs']}")
     if record.get("event") == "time_budget":
         return (f"stopped before epoch {record['epoch'] + 1}: it would end past --max-minutes "
                 f"{cfg.optim.max_minutes:g} ({record['minutes']:.1f} min spent)")

@@ -9,6 +9,7 @@ import pytest
 
 from sat_core import ship
 from sat_core.config import TrainConfig
+from sat_core.errors import SatError
 
 METRICS = {"training": {"epochs": 2, "train_minutes": 1.5, "captions_per_s": 90.0, "best_val_bleu4": 0.4,
                         "best_epoch": 2},
@@ -119,3 +120,41 @@ def test_package_evaluates_the_weights_exactly_as_shipped(tmp_path, vocab):
     rounded = as_shipped(model).state_dict()
     assert any(not torch.equal(before[k], rounded[k]) for k in before)  # fp32 weights did move
     assert all(torch.equal(rounded[k], shipped[k]) for k in shipped)
+
+
+def test_the_training_gets_what_the_budget_leaves_after_the_world_and_before_the_evaluation():
+    assert ship.training_minutes(45, 2.5, 40) == pytest.approx(45 - 2.5 - ship.EVALUATION_MINUTES)
+    assert ship.training_minutes(45, 0.1, 30) == 30  # the preset's own cap, when it is less
+    assert ship.training_minutes(45, 0, 0) == pytest.approx(45 - ship.EVALUATION_MINUTES)  # no cap of its own
+    with pytest.raises(SatError, match=r"--minutes 5 leaves 0\.0 min to train after 2\.5 min.*larger --minutes"):
+        ship.training_minutes(5, 2.5, 40)
+
+
+def test_ship_hands_the_training_its_share_of_the_budget_and_says_how_long_it_took(monkeypatch, capsys, tmp_path):
+    calls = []
+    monkeypatch.setattr(ship, "ensure_world", lambda *a, **k: None)
+    monkeypatch.setattr(ship, "ensure_encoder", lambda cfg: None)
+    monkeypatch.setattr(ship, "train", lambda preset, minutes: calls.append((preset.name, minutes)) or minutes)
+    monkeypatch.setattr(ship, "package", lambda *a, **k: METRICS)
+    assert ship.main(["scenes_soft", "--minutes", "20", "--out", str(tmp_path)]) == 0
+    [(preset, minutes)] = calls
+    assert preset == "scenes_soft.json"
+    assert 20 - ship.EVALUATION_MINUTES - 0.1 < minutes <= 20 - ship.EVALUATION_MINUTES  # below the preset's 40
+    assert f"ship: {tmp_path / 'scenes_soft'} written in 0.0 min (budget 20)" in capsys.readouterr().out
+    assert ship.main(["scenes_soft", "--minutes", "3.5"]) == 2  # no time left to train: refused, said why
+    assert "--minutes 3.5 leaves 0.5 min to train" in capsys.readouterr().err
+
+
+def test_the_card_says_how_long_the_setup_took_when_the_log_kept_it(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"event": "setup", "seconds": 120.0, "images": 10},
+             {"epoch": 1, "time_s": 60.0, "captions_per_s": 50.0, "nll": 1.0, "val": {"BLEU-4": 0.3}}]
+    (run / "log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    summary = ship.training_summary(run)
+    assert summary["setup_minutes"] == 2.0 and summary["train_minutes"] == 1.0
+    cfg = TrainConfig.from_dict(json.loads(ship.preset_path("scenes_soft").read_text()))
+    text = ship.model_card("scenes_soft", cfg, {}, {**METRICS, "training": {**METRICS["training"], **summary}})
+    assert "1 epochs, 1.0 min after 2.0 min reading the images and running the frozen encoder once" in text
+    (run / "log.jsonl").write_text(json.dumps(lines[1]) + "\n")  # a log from before setups were kept
+    assert "setup_minutes" not in ship.training_summary(run)

@@ -111,7 +111,7 @@ def test_patience_stops_a_run_that_does_not_improve(tiny_data, tmp_path):
     log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     # lr 0: BLEU never changes, so epoch 1 is the best and epochs 2-3 use up the patience.
     assert [r.get("epoch") for r in log if "val" in r] == [1, 2, 3]
-    assert log[-1] == {"event": "early_stop", "epoch": 3, "best_bleu4": log[0]["val"]["BLEU-4"]}
+    assert log[-1] == {"event": "early_stop", "epoch": 3, "best_bleu4": log[1]["val"]["BLEU-4"]}  # log[0]: setup
     assert _state(run)[0]["bad_epochs"] == 2
 
 
@@ -156,9 +156,10 @@ def test_resume_between_epochs_matches_an_uninterrupted_run(world_data, tmp_path
         assert isinstance(state["baseline"], float), "hard attention must carry its moving baseline"
     else:
         assert state["baseline"] is None
-    logs = [(tmp_path / r / "log.jsonl").read_text().splitlines() for r in ("a", "b")]
-    assert [json.loads(x)["epoch"] for x in logs[1]] == [1, 2]
-    assert json.loads(logs[0][1])["loss"] == json.loads(logs[1][1])["loss"]
+    logs = [[json.loads(x) for x in (tmp_path / r / "log.jsonl").read_text().splitlines()] for r in ("a", "b")]
+    assert [x.get("event", "epoch") for x in logs[1]] == ["setup", "epoch", "setup", "epoch"]  # b started twice
+    assert [x["epoch"] for x in logs[1] if "val" in x] == [1, 2]
+    assert logs[0][2]["loss"] == logs[1][3]["loss"]
 
 
 def _weights_equal(a: Path, b: Path) -> bool:
@@ -246,8 +247,44 @@ def test_cosine_schedule_sets_every_steps_rate_and_logs_it(world_data, tmp_path)
     assert len(seen) == 2 * steps > 4
     assert seen == pytest.approx([trainer.cfg.optim.lr_at(i, steps) for i in range(2 * steps)])
     assert seen[0] == pytest.approx(4e-3) and 1e-3 < seen[-1] < 1.1e-3  # near the final 0.25 × 4e-3
-    logged = [json.loads(x)["lr"] for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
-    assert logged == pytest.approx([seen[steps - 1], seen[-1]])
+    log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert log[0]["event"] == "setup" and log[0]["images"] == 8 and log[0]["seconds"] >= 0  # 6 train + 2 val
+    assert [x["lr"] for x in log[1:]] == pytest.approx([seen[steps - 1], seen[-1]])
+
+
+def test_a_time_budget_that_fits_fewer_epochs_ends_the_cosine_schedule_with_them(world_data, tmp_path,
+                                                                                  monkeypatch, capsys):
+    """--max-minutes counts from the start (setup included); after each epoch the plan shrinks to the
+    epochs that still fit, and the cosine rate reaches its floor at the last of them, not half way."""
+    data, images = world_data
+    clock = [1000.0]
+    monkeypatch.setattr(train.time, "perf_counter", lambda: clock[0])
+    trainer = train.Trainer(*train.parse_config(train_args(
+        data, images, tmp_path / "run", "--epochs", "10", "--batch-size", "4", "--lr", "4e-3",
+        "--lr-schedule", "cosine", "--lr-final", "0.25", "--patience", "0", "--max-minutes", "10")))
+    clock[0] += 60  # one minute of setup
+    steps, seen = len(trainer.loader), []
+    original = trainer.optimizer.step
+
+    def step(*args, **kwargs):  # every optimizer step costs 0.7 min / steps: epochs of 0.7 min + validation
+        seen.append(trainer.optimizer.param_groups[0]["lr"])
+        clock[0] += 42 / steps
+        return original(*args, **kwargs)
+
+    trainer.optimizer.step = step
+    trainer.validate = lambda: (clock.__setitem__(0, clock[0] + 30), {"BLEU-4": 0.5})[1]  # 0.5 min each
+    trainer.run()
+    # 1 min setup + 1.2 min per epoch: after epoch 1 (2.2 min) 7.8 min are left, 6 more epochs fit.
+    log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    plan = [x for x in log if x.get("event") == "schedule"]
+    assert [(x["epoch"], x["epochs"]) for x in plan] == [(1, 7)]
+    assert [x["epoch"] for x in log if "val" in x] == list(range(1, 8))
+    assert trainer.planned_epochs == 7 and len(seen) == 7 * steps
+    assert seen == pytest.approx([trainer.cfg.optim.lr_at(i, steps, epochs=7) if i >= steps else
+                                  trainer.cfg.optim.lr_at(i, steps) for i in range(7 * steps)])
+    assert 1e-3 < seen[-1] < 1.05e-3  # at the floor, 0.25 × 4e-3, by the last epoch that fits
+    assert "--max-minutes 10 fits 7 epochs at 1.2 min each, not 10" in capsys.readouterr().out
+    assert _state(tmp_path / "run")[0]["planned_epochs"] == 7
 
 
 def test_cached_features_are_what_the_saved_model_computes(tiny_data, tmp_path):
