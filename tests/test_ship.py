@@ -125,6 +125,7 @@ def test_package_evaluates_the_weights_exactly_as_shipped(tmp_path, vocab):
 def test_the_training_gets_what_the_budget_leaves_after_the_world_and_before_the_evaluation():
     assert ship.training_minutes(45, 2.5, 40) == pytest.approx(45 - 2.5 - ship.EVALUATION_MINUTES)
     assert ship.training_minutes(45, 0.1, 30) == 30  # the preset's own cap, when it is less
+    assert ship.training_minutes(45, 0, 42) == 42  # the scenes presets' 42 (setup included) fit when the world is there
     assert ship.training_minutes(45, 0, 0) == pytest.approx(45 - ship.EVALUATION_MINUTES)  # no cap of its own
     with pytest.raises(SatError, match=r"--minutes 5 leaves 0\.0 min to train after 2\.5 min.*larger --minutes"):
         ship.training_minutes(5, 2.5, 40)
@@ -139,10 +140,10 @@ def test_ship_hands_the_training_its_share_of_the_budget_and_says_how_long_it_to
     assert ship.main(["scenes_soft", "--minutes", "20", "--out", str(tmp_path)]) == 0
     [(preset, minutes)] = calls
     assert preset == "scenes_soft.json"
-    assert 20 - ship.EVALUATION_MINUTES - 0.1 < minutes <= 20 - ship.EVALUATION_MINUTES  # below the preset's 40
+    assert 20 - ship.EVALUATION_MINUTES - 0.1 < minutes <= 20 - ship.EVALUATION_MINUTES  # below the preset's 42
     assert f"ship: {tmp_path / 'scenes_soft'} written in 0.0 min (budget 20)" in capsys.readouterr().out
-    assert ship.main(["scenes_soft", "--minutes", "3.5"]) == 2  # no time left to train: refused, said why
-    assert "--minutes 3.5 leaves 0.5 min to train" in capsys.readouterr().err
+    assert ship.main(["scenes_soft", "--minutes", "3"]) == 2  # no time left to train: refused, said why
+    assert "--minutes 3 leaves 0.5 min to train" in capsys.readouterr().err
 
 
 def test_the_card_says_how_long_the_setup_took_when_the_log_kept_it(tmp_path):
