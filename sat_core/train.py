@@ -136,10 +136,20 @@ class Trainer:
         self.lr = self._rate()  # the schedule's rate; set before every step
         if self.main_process:  # on resume too: flags given with --resume (--lr, --epochs) hold from now on
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            if not resume:
+                self._set_aside_old_log()
             write_json_atomic(self.run_dir / "train_config.json", cfg.to_dict())
             self._log({"event": "setup", "seconds": round(self.setup_s, 1), "images": len(self.store)})
 
     # -- setup
+
+    def _set_aside_old_log(self) -> None:
+        """A new run in the folder of an earlier one starts its own log.jsonl: mixed with the old epochs,
+        it would misreport the run (the ship's epochs, minutes and best epoch). The old log is kept."""
+        log = self.run_dir / "log.jsonl"
+        if log.is_file():
+            log.replace(self.run_dir / "log.previous.jsonl")
+            print(f"{self.run_dir} held an earlier run: its log is now log.previous.jsonl", flush=True)
 
     def _setup_device(self) -> torch.device:
         if self.world > 1:

@@ -393,3 +393,18 @@ def test_the_doubly_stochastic_penalty_is_soft_attentions_unless_hard_dsa_asks(
     assert seen and set(seen) == {expected}
     saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert saved["model"]["hard"]["dsa"] is (flag == "--hard-dsa")
+
+
+def test_a_new_run_in_an_old_runs_folder_starts_its_own_log_and_keeps_the_old_one(tiny_data, tmp_path, capsys):
+    data, images = tiny_data
+    run = tmp_path / "run"
+    assert train.main(train_args(data, images, run, "--epochs", "2")) == 0
+    first = (run / "log.jsonl").read_text()
+    assert train.main(train_args(data, images, run, "--epochs", "1")) == 0
+    log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
+    assert [x.get("epoch") for x in log if "val" in x] == [1]  # not 1, 2, 1
+    assert (run / "log.previous.jsonl").read_text() == first
+    assert "held an earlier run: its log is now log.previous.jsonl" in capsys.readouterr().out
+    assert train.main(["--resume", str(run), "--epochs", "2"]) == 0  # a resume goes on in the same log
+    log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
+    assert [x.get("epoch") for x in log if "val" in x] == [1, 2]
