@@ -539,9 +539,9 @@ class Trainer:
         if not budget or self.cfg.optim.lr_schedule == "constant":
             return
         left = budget - (time.perf_counter() - self.started) / 60
-        fit = int(self._from_rank0(self.epoch + max(0, int(left * 60 // max(epoch_s, 1e-9)))))
+        fit = int(self._from_rank0(self.epoch + max(0, int(left * 60 // max(epoch_s, 1e-9)))))  # ≥ self.epoch
         if fit < self.planned_epochs:
-            self.planned_epochs = max(fit, self.epoch)
+            self.planned_epochs = fit
             self._log({"event": "schedule", "epoch": self.epoch, "epochs": self.planned_epochs,
                        "minutes": budget - left, "epoch_minutes": epoch_s / 60})
 
