@@ -247,6 +247,8 @@ def _scenes_encoder(cfg: TrainConfig) -> str:
         taps = "stride-16 stage and stride-32 stage (upsampled) → 14×14×432 annotations"
     elif cfg.model.coarse:
         taps = f"stride-32 stage → {size // 32}×{size // 32}×320 annotations"
+    elif cfg.model.shallow:
+        taps = f"first stride-16 stage (block 7) → {size // 16}×{size // 16}×80 annotations"
     else:
         taps = f"stride-16 stage → {size // 16}×{size // 16}×112 annotations"
     if cfg.model.position:

@@ -60,6 +60,8 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
         feature_dim = MULTISCALE_DIM
     if m.coarse:
         feature_dim = 320  # EfficientNet-Lite0's stride-32 stage
+    if m.shallow:
+        feature_dim = 80  # the end of its first stride-16 stage
     # efficientnet_lite0's ImageNet weights always come with it (pip): a frozen random net is useless
     pretrained = m.pretrained or bool(cfg.encoder_weights) or m.encoder == "efficientnet_lite0"
     return dataclasses.replace(m, feature_dim=feature_dim, vocab_size=vocab_size, pretrained=pretrained)

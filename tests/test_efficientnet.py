@@ -116,8 +116,34 @@ def test_coarse_annotations_are_the_stride_32_stage_on_a_14x14_grid_at_448_px(ne
         ModelConfig(encoder="efficientnet_lite0", coarse=True, multiscale=True)
 
 
+def test_shallow_annotations_are_the_first_stride_16_stage_and_its_blocks_can_be_tuned(net):
+    from sat_core.config import TrainConfig
+    from sat_core.train import model_config
+
+    cfg = TrainConfig.from_dict({"model": {"encoder": "efficientnet_lite0", "shallow": True, "tune_blocks": 3}})
+    mc = model_config(cfg, vocab_size=7)
+    assert mc.feature_dim == 80 and mc.shallow
+    enc = Encoder(mc)
+    x = torch.randn(1, 3, 224, 224)
+    feats, grid = enc(x)
+    assert grid == (14, 14) and feats.shape == (1, 196, 80)
+    with torch.inference_mode():
+        ref = net.features(x, 7).flatten(2).transpose(1, 2)  # block 7's output, stride 16
+    assert torch.allclose(feats, ref, atol=1e-4)
+    # the three trained blocks are that stage's (5-7); the cached part ends at block 4 (40 wide, stride 8)
+    assert enc.body.split == 4 and enc.body.head(x).shape == (1, 40, 28, 28)
+    assert sum(p.numel() for p in enc.body.tail_parameters()) == sum(
+        p.numel() for b in net._blocks[5:8] for p in b.parameters())
+    with pytest.raises(SatError, match="shallow .80-wide stride-16. annotations need --encoder efficientnet_lite0"):
+        ModelConfig(encoder="small", shallow=True)
+    with pytest.raises(SatError, match="without --multiscale or --coarse"):
+        ModelConfig(encoder="efficientnet_lite0", shallow=True, coarse=True)
+    with pytest.raises(SatError, match="7 with --shallow"):
+        ModelConfig(encoder="efficientnet_lite0", shallow=True, tune_blocks=8)
+
+
 def test_encoder_refuses_a_width_no_stage_has():
-    with pytest.raises(SatError, match="112, 320 or 432"):
+    with pytest.raises(SatError, match="80, 112, 320 or 432"):
         Encoder(ModelConfig(encoder="efficientnet_lite0", feature_dim=96, vocab_size=10))
 
 

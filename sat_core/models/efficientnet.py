@@ -26,7 +26,7 @@ STEM, HEAD, CLASSES = 32, 1280, 1000
 BN_EPS = 1e-3
 MEAN = STD = (0.5, 0.5, 0.5)
 # Where annotation grids can be tapped: output channels -> (index of the last block, stride).
-TAPS = {112: (10, 16), 320: (15, 32)}
+TAPS = {80: (7, 16), 112: (10, 16), 320: (15, 32)}
 # Both stages at once: the stride-32 map upsampled onto the stride-16 grid, 112 + 320 channels per cell.
 MULTISCALE_DIM = 432
 
