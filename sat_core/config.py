@@ -171,8 +171,8 @@ class ModelConfig(Config):
     coarse: bool = option(False, "efficientnet_lite0: annotations from the stride-32 stage (D = 320) instead of "
                           "stride 16 (D = 112); give it 448 px images (image_size) for the paper's 14×14 grid")
     shallow: bool = option(False, "efficientnet_lite0: annotations from the end of the 80-wide stride-16 stage "
-                           "(block 7, D = 80) instead of the 112-wide one (block 10): half the receptive field, "
-                           "so each cell says more about itself and less about its neighbours")
+                           "(block 7, D = 80) instead of the 112-wide one (block 10): a cell sees 147 px instead of 339, "
+                           "so it says more about itself and less about its neighbours")
     position: bool = option(False, "append each cell's (x, y) centre, from −1 to 1, to its annotation (D + 2): "
                             "ẑ_t then says where α looks, and α can prefer a side (a scenes world made with "
                             "the shipped --caption-order largest_first names equal groups left to right)")
