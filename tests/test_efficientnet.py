@@ -96,20 +96,25 @@ def test_multiscale_is_for_efficientnet_only_and_sets_the_width():
     assert model_config(cfg, vocab_size=7).feature_dim == 112
 
 
-def test_coarse_annotations_are_the_stride_32_stage_on_a_14x14_grid_at_448_px(net):
+def _tap_is_block(net, model: dict, size: int, block: int, width: int) -> tuple[Encoder, torch.Tensor]:
+    """The trainer's encoder for ``model`` gives a 14×14 grid of ``width`` equal to the output of ``block``."""
     from sat_core.config import TrainConfig
     from sat_core.train import model_config
 
-    cfg = TrainConfig.from_dict({"model": {"encoder": "efficientnet_lite0", "coarse": True}})
-    mc = model_config(cfg, vocab_size=7)
-    assert mc.feature_dim == 320 and mc.coarse
+    mc = model_config(TrainConfig.from_dict({"model": {"encoder": "efficientnet_lite0", **model}}), vocab_size=7)
+    assert mc.feature_dim == width
     enc = Encoder(mc)
-    x = torch.randn(1, 3, 448, 448)
+    x = torch.randn(1, 3, size, size)
     feats, grid = enc(x)
-    assert grid == (14, 14) and feats.shape == (1, 196, 320)
+    assert grid == (14, 14) and feats.shape == (1, 196, width)
     with torch.inference_mode():
-        ref = net.features(x, 15).flatten(2).transpose(1, 2)  # the last block's output, stride 32
+        ref = net.features(x, block).flatten(2).transpose(1, 2)
     assert torch.allclose(feats, ref, atol=1e-4)
+    return enc, x
+
+
+def test_coarse_annotations_are_the_stride_32_stage_on_a_14x14_grid_at_448_px(net):
+    _tap_is_block(net, {"coarse": True}, size=448, block=15, width=320)  # the last block, stride 32
     with pytest.raises(SatError, match="coarse .stride-32. annotations need --encoder efficientnet_lite0"):
         ModelConfig(encoder="small", coarse=True)
     with pytest.raises(SatError, match="without --multiscale"):
@@ -117,19 +122,7 @@ def test_coarse_annotations_are_the_stride_32_stage_on_a_14x14_grid_at_448_px(ne
 
 
 def test_shallow_annotations_are_the_first_stride_16_stage_and_its_blocks_can_be_tuned(net):
-    from sat_core.config import TrainConfig
-    from sat_core.train import model_config
-
-    cfg = TrainConfig.from_dict({"model": {"encoder": "efficientnet_lite0", "shallow": True, "tune_blocks": 3}})
-    mc = model_config(cfg, vocab_size=7)
-    assert mc.feature_dim == 80 and mc.shallow
-    enc = Encoder(mc)
-    x = torch.randn(1, 3, 224, 224)
-    feats, grid = enc(x)
-    assert grid == (14, 14) and feats.shape == (1, 196, 80)
-    with torch.inference_mode():
-        ref = net.features(x, 7).flatten(2).transpose(1, 2)  # block 7's output, stride 16
-    assert torch.allclose(feats, ref, atol=1e-4)
+    enc, x = _tap_is_block(net, {"shallow": True, "tune_blocks": 3}, size=224, block=7, width=80)
     # the three trained blocks are that stage's (5-7); the cached part ends at block 4 (40 wide, stride 8)
     assert enc.body.split == 4 and enc.body.head(x).shape == (1, 40, 28, 28)
     assert sum(p.numel() for p in enc.body.tail_parameters()) == sum(
