@@ -171,8 +171,8 @@ class ModelConfig(Config):
     coarse: bool = option(False, "efficientnet_lite0: annotations from the stride-32 stage (D = 320) instead of "
                           "stride 16 (D = 112); give it 448 px images (image_size) for the paper's 14×14 grid")
     shallow: bool = option(False, "efficientnet_lite0: annotations from the end of the 80-wide stride-16 stage "
-                           "(block 7, D = 80) instead of the 112-wide one (block 10): a cell sees 147 px instead of 339, "
-                           "so it says more about itself and less about its neighbours")
+                           "(block 7, D = 80) instead of the 112-wide one (block 10): a cell sees 147 px "
+                           "instead of 339, so it says more about itself and less about its neighbours")
     position: bool = option(False, "append each cell's (x, y) centre, from −1 to 1, to its annotation (D + 2): "
                             "ẑ_t then says where α looks, and α can prefer a side (a scenes world made with "
                             "the shipped --caption-order largest_first names equal groups left to right)")
@@ -221,9 +221,9 @@ class ModelConfig(Config):
                            "--multiscale or --coarse; drop --shallow or those.")
         if self.tune_blocks and (self.encoder != "efficientnet_lite0" or self.multiscale or self.coarse
                                  or self.finetune_encoder or self.tune_blocks > (7 if self.shallow else 10)):
-            raise SatError(f"--tune-blocks {self.tune_blocks}: trains 1 to 10 (7 with --shallow) of efficientnet_lite0's blocks before "
-                           "its stride-16 tap; it needs --encoder efficientnet_lite0 without --multiscale, --coarse "
-                           "or --finetune-encoder.")
+            raise SatError(f"--tune-blocks {self.tune_blocks}: trains 1 to 10 (7 with --shallow) of "
+                           "efficientnet_lite0's blocks before its stride-16 tap; it needs --encoder efficientnet_lite0 "
+                           "without --multiscale, --coarse or --finetune-encoder.")
 
 
 @dataclass(frozen=True)
