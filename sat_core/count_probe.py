@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default="data/scenes/dataset.json", help="a scenes-world dataset JSON")
     p.add_argument("--images", default="data/scenes", help="its image folder")
     p.add_argument("--coarse", action="store_true", help="stride-32 annotations at 448 px instead of stride 16 at 224")
+    p.add_argument("--shallow", action="store_true",
+                   help="the end of the 80-wide stride-16 stage (block 7) instead of block 10, at 224 px")
     p.add_argument("--train", type=int, default=4000, help="training scenes for the probes")
     p.add_argument("--test", type=int, default=500, help="test scenes")
     p.add_argument("--epochs", type=int, default=40)
@@ -179,13 +181,13 @@ def main(argv: list[str] | None = None) -> int:
         if not categories:
             raise SatError(f"{args.data} has no object records: the probe needs the scenes world "
                            "(python -m sat_core.world --kind scenes).")
-        dim, size = (320, 448) if args.coarse else (112, 224)
-        if args.tune_blocks and (args.coarse or not 0 < args.tune_blocks <= 10):
-            raise SatError("--tune-blocks takes 0 to 10 blocks, at stride 16 (without --coarse).")
+        dim, size = (320, 448) if args.coarse else (80 if args.shallow else 112, 224)
+        # ModelConfig refuses --coarse with --shallow, or more blocks than the tap has, with one message each.
+        config = ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=dim, coarse=args.coarse,
+                             shallow=args.shallow, tune_blocks=args.tune_blocks)
 
         def encoder() -> Encoder:  # a fresh copy for every probe: each trains its own blocks
-            return Encoder(ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=dim,
-                                       coarse=args.coarse, tune_blocks=args.tune_blocks)).eval()
+            return Encoder(config).eval()
 
         pre = PreprocessConfig(image_size=size, mean=MEAN, std=STD)
         source = Cached(encoder()) if args.tune_blocks else encoder()

@@ -216,6 +216,22 @@ def test_count_probe_reads_the_worlds_counts_and_runs_end_to_end(runs, capsys):
     assert int(counts.sum()) == len(first["objects"])
 
 
+def test_count_probe_reads_the_shallow_tap_and_refuses_what_it_cannot_train(runs, capsys):
+    """--shallow probes block 7's 80 channels; --coarse with it, or more trained blocks than it has, fail clearly."""
+    from sat_core import count_probe
+
+    root, path = runs["a"]
+    common = ["--data", str(path), "--images", str(root), "--train", "4", "--test", "2", "--epochs", "1"]
+    assert count_probe.main([*common, "--shallow", "--pooling", "mean"]) == 0
+    assert "encoded 4 + 2 scenes, 80 × 196 annotations" in capsys.readouterr().out  # block 7's, not block 10's 112
+    assert count_probe.main([*common, "--shallow", "--pooling", "cells", "--tune-blocks", "1"]) == 0
+    assert "cells + 1 trained blocks: right count" in capsys.readouterr().out
+    assert count_probe.main([*common, "--shallow", "--coarse"]) == 2
+    assert "drop --shallow" in capsys.readouterr().err
+    assert count_probe.main([*common, "--shallow", "--tune-blocks", "8"]) == 2
+    assert "7 with --shallow" in capsys.readouterr().err
+
+
 def test_count_probe_conv_pooling_sees_how_cells_are_arranged():
     """--pooling conv: two grids with the same cells, adjacent or apart, differ; the per-cell sum cannot tell."""
     import torch
@@ -277,7 +293,7 @@ def test_count_probe_tuned_tail_starts_at_the_frozen_annotations_and_learns(runs
     assert "encoded 8 + 4 scenes, 112 × 196" in out and "cells + 2 trained blocks: right count" in out
     assert out.count("cells + 2 trained blocks (epoch 1): right count") == 1 and "(epoch 2)" not in out
     assert count_probe.main(["--data", str(path), "--images", str(root), "--tune-blocks", "11"]) == 2
-    assert "--tune-blocks takes 0 to 10 blocks" in capsys.readouterr().err
+    assert "--tune-blocks 11: trains 1 to 10" in capsys.readouterr().err
 
 
 def test_training_with_tune_blocks_trains_only_those_blocks_and_saves_them(runs, tmp_path):
