@@ -34,7 +34,10 @@ from sat_core.data import load_karpathy
 from sat_core.errors import SatError
 
 PRESETS = Path(__file__).parent / "presets"
-WORLD = {"train": 8000, "val": 400, "test": 500, "seed": 0}
+# The worlds the ship generates when missing. The scenes world has three times the shapes world's training
+# scenes since session 21: on 8,000 the scenes models learnt their training scenes by heart (README).
+WORLDS = {"shapes": {"train": 8000, "val": 400, "test": 500, "seed": 0},
+          "scenes": {"train": 24000, "val": 400, "test": 500, "seed": 0}}
 NAMES = ("scenes_soft", "scenes_hard", "shapes_soft", "shapes_hard")
 # The scenes world's caption order each scenes preset trains on (its world folder: the preset's data.images).
 # Both train on the largest-first world since session 20: on block 10's annotations the hard model lost the
@@ -71,9 +74,10 @@ def ensure_world(cfg: TrainConfig, kind: str = "shapes", caption_order: str | No
                 raise SatError(
                     f"{path} names the objects in {order} order, but this preset trains on --caption-order "
                     f"{caption_order}. Move {path.parent} aside (or delete it) and run the ship again: it "
-                    "regenerates the world (about 1.5 minutes).")
+                    "regenerates the world (about 5 minutes on 2 cores).")
         return
-    generate(Path(cfg.data.images), WORLD["train"], WORLD["val"], WORLD["test"], seed=WORLD["seed"], kind=kind,
+    world = WORLDS[kind]
+    generate(Path(cfg.data.images), world["train"], world["val"], world["test"], seed=world["seed"], kind=kind,
              **({"caption_order": caption_order} if kind == "scenes" else {}))
 
 
@@ -98,8 +102,9 @@ def train(preset: Path, max_minutes: float | None = None) -> float:
     return (time.perf_counter() - started) / 60
 
 
-def training_summary(run_dir: Path) -> dict[str, Any]:
-    """Epochs, throughput and training minutes from the run's log.jsonl."""
+def training_summary(run_dir: Path, checkpoint: str = "best") -> dict[str, Any]:
+    """Epochs, throughput and training minutes from the run's log.jsonl, and which epoch ``checkpoint``
+    (best | last) of the run holds."""
     epochs = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     setups = [e for e in epochs if e.get("event") == "setup"]
     epochs = [e for e in epochs if "val" in e]
@@ -112,6 +117,8 @@ def training_summary(run_dir: Path) -> dict[str, Any]:
         "captions_per_s": round(sum(e["captions_per_s"] for e in epochs) / len(epochs), 1),
         "best_epoch": best["epoch"],
         "best_val_bleu4": round(best["val"]["BLEU-4"], 4),
+        "shipped_checkpoint": checkpoint,
+        "shipped_epoch": (best if checkpoint == "best" else epochs[-1])["epoch"],
         "final_train_nll": round(epochs[-1]["nll"], 4),
         "precision": epochs[-1].get("precision", "fp32"),  # logs before --precision: fp32 on CPU
         # Reading the images and running the frozen encoder once, before the first step (logs before
@@ -130,19 +137,20 @@ def as_shipped(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage: bool = False) -> dict[str, Any]:
-    """Evaluate ``best/`` of the run (or, with ``repackage``, the shipped checkpoint itself) on the test
-    split and write the shipped checkpoint folder: card, metrics, records, example figure."""
+def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage: bool = False,
+            checkpoint: str = "best") -> dict[str, Any]:
+    """Evaluate ``best/`` (or ``last/``) of the run (or, with ``repackage``, the shipped checkpoint itself) on
+    the test split and write the shipped checkpoint folder: card, metrics, records, example figure."""
     from sat_core.evaluate import evaluate
 
     target = out_root / name
-    loaded = ckpt.load_checkpoint(target if repackage else Path(cfg.out) / "best")
+    loaded = ckpt.load_checkpoint(target if repackage else Path(cfg.out) / checkpoint)
     as_shipped(loaded.model)  # the figures describe the weights in the shipped file, not the run's fp32 ones
     data = load_karpathy(cfg.data.dataset, cfg.data.images)
     decode = dataclasses.replace(cfg.val, beam_size=beam)  # the preset's val settings, at the ship's beam
     result = evaluate(loaded, data, "test", decode, search_errors=True)
     summary = ((loaded.metrics or {}).get("training") if repackage else
-               {**training_summary(Path(cfg.out)), "encoder_minutes": _encoder_minutes(cfg)})
+               {**training_summary(Path(cfg.out), checkpoint), "encoder_minutes": _encoder_minutes(cfg)})
     if not summary:
         raise SatError(f"{target} has no training summary in its metrics; rebuild it without --repackage.")
     records = result.pop("records")
@@ -203,7 +211,7 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
         *(_SCENES_ABOUT if scenes else _SHAPES_ABOUT),
         "",
         "## Data and command",
-        f"- World: {WORLD['train']} train / {WORLD['val']} val / {WORLD['test']} test images, seed {WORLD['seed']}.",
+        f"- World: {world_summary(Path(cfg.data.dataset), 'scenes' if scenes else 'shapes')}.",
         f"- Command: `python -m sat_core.ship {name}` (preset `sat_core/presets/{preset_path(name).name}`).",
         f"- Encoder: {encoder} Decoder: LSTM {cfg.model.hidden_dim}, "
         f"embedding {cfg.model.embed_dim}, attention MLP {cfg.model.attn_dim}, dropout {cfg.model.dropout}"
@@ -215,11 +223,25 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
         + (f" after {tr['setup_minutes']} min reading the images and running the frozen encoder once"
            if tr.get("setup_minutes") is not None else "")
         + f", {tr['captions_per_s']} captions/s; best validation BLEU-4 {tr['best_val_bleu4']} "
-        f"at epoch {tr['best_epoch']}. Weights stored in fp16.",
+        f"at epoch {tr['best_epoch']}"
+        + (f"; shipped: the last epoch ({tr['shipped_epoch']})" if tr.get("shipped_checkpoint") == "last" else "")
+        + ". Weights stored in fp16.",
         f"- Precision (`--precision`): training {tr.get('precision', 'fp32')}, test-split decoding "
         f"{metrics.get('precision', 'fp32')}.",
     ]
     return card.model_card(name, config, metrics, about=about)
+
+
+def world_summary(dataset: Path, kind: str) -> str:
+    """'24000 train / 400 val / 500 test images, seed 0': the world in ``dataset`` when it can be read (the
+    one the model was trained and tested on), else the one the ship generates for ``kind``."""
+    try:
+        data = json.loads(dataset.read_text())
+        splits = [image["split"] for image in data["images"]]
+        counts, seed = {split: splits.count(split) for split in ("train", "val", "test")}, data["seed"]
+    except (OSError, ValueError, KeyError, TypeError):
+        counts, seed = WORLDS[kind], WORLDS[kind]["seed"]
+    return f"{counts['train']} train / {counts['val']} val / {counts['test']} test images, seed {seed}"
 
 
 _SHAPES_ABOUT = (
@@ -270,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repackage", action="store_true",
                    help="re-evaluate the shipped checkpoint itself (no run directory, no training) and rewrite its "
                         "card, metrics, records and example figure")
+    p.add_argument("--checkpoint", choices=("best", "last"), default="best",
+                   help="which of the run's checkpoints to ship: the best by validation BLEU-4, or the last epoch's")
     p.add_argument("--beam", type=int, default=DecodeConfig().beam_size, help="beam size of the test-split evaluation")
     p.add_argument("--out", type=Path, default=Path("checkpoints"))
     p.add_argument("--minutes", type=float, default=SHIP_MINUTES,
@@ -285,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             ensure_encoder(cfg)
         if not (args.skip_train or args.repackage):
             train(preset, training_minutes(args.minutes, (time.perf_counter() - started) / 60, cfg.optim.max_minutes))
-        metrics = package(args.name, cfg, args.beam, args.out, repackage=args.repackage)
+        metrics = package(args.name, cfg, args.beam, args.out, repackage=args.repackage, checkpoint=args.checkpoint)
     except SatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -163,3 +163,37 @@ def test_the_card_says_how_long_the_setup_took_when_the_log_kept_it(tmp_path):
     assert "1 epochs, 1.0 min after 2.0 min reading the images and running the frozen encoder once" in text
     (run / "log.jsonl").write_text(json.dumps(lines[1]) + "\n")  # a log from before setups were kept
     assert "setup_minutes" not in ship.training_summary(run)
+
+
+def test_the_ship_generates_a_scenes_world_three_times_the_shapes_one_and_the_card_counts_the_real_one(
+        tmp_path, monkeypatch):
+    from sat_core import world
+
+    made = []
+    monkeypatch.setattr(world, "generate", lambda out, *a, **k: made.append((Path(out).name, a)))
+    for kind in ("scenes", "shapes"):
+        cfg = TrainConfig.from_dict({"data": {"dataset": str(tmp_path / kind / "dataset.json"),
+                                              "images": str(tmp_path / kind)}})
+        ship.ensure_world(cfg, kind)
+    assert made == [("scenes", (24000, 400, 500)), ("shapes", (8000, 400, 500))]
+    dataset = tmp_path / "small.json"
+    dataset.write_text(json.dumps({"seed": 7, "images": [{"split": s} for s in ("train", "train", "val", "test")]}))
+    assert ship.world_summary(dataset, "scenes") == "2 train / 1 val / 1 test images, seed 7"
+    assert ship.world_summary(tmp_path / "missing.json", "scenes") == "24000 train / 400 val / 500 test images, seed 0"
+
+
+def test_the_card_says_which_epoch_was_shipped_when_it_is_the_last_not_the_best(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"epoch": e, "time_s": 60.0, "captions_per_s": 50.0, "nll": 1.0, "val": {"BLEU-4": b}}
+             for e, b in ((1, 0.3), (2, 0.5), (3, 0.49))]
+    (run / "log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    best, last = ship.training_summary(run), ship.training_summary(run, "last")
+    assert (best["best_epoch"], best["shipped_epoch"]) == (2, 2)
+    assert (last["best_epoch"], last["shipped_epoch"], last["shipped_checkpoint"]) == (2, 3, "last")
+    cfg = TrainConfig.from_dict(json.loads(ship.preset_path("scenes_soft").read_text()))
+    card = {True: None, False: None}
+    for is_last, summary in ((False, best), (True, last)):
+        card[is_last] = ship.model_card("scenes_soft", cfg, {}, {**METRICS, "training": {**METRICS["training"], **summary}})
+    assert "best validation BLEU-4 0.5 at epoch 2; shipped: the last epoch (3)." in card[True]
+    assert "shipped: the last epoch" not in card[False] and "best validation BLEU-4 0.5 at epoch 2." in card[False]
