@@ -253,6 +253,7 @@ class DataConfig(Config):
     image_size: int = option(0, "input side in px; 0: 112 for the small encoder, 224 otherwise", low=0)
     min_word_count: int = option(5, "words seen fewer times become <unk>", low=1)
     max_vocab: int = option(10_000, "largest vocabulary", low=5)
+    train_images: int = option(0, "train on the first N images of the train split; 0: all of them", low=0)
     val_split: str = option("val", "split used for validation")
     val_images: int = option(0, "validate on the first N images; 0: the whole split", low=0)
     batch_size: int = option(64, "captions per optimizer step", low=1)

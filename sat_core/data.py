@@ -73,6 +73,18 @@ class KarpathyData:
             )
         return indices
 
+    def first_of_split(self, name: str, n: int) -> KarpathyData:
+        """The same data with only the first ``n`` images (in file order) of split ``name``: a smaller
+        training set from the same file. A DatasetError if the split holds fewer than ``n``."""
+        indices = self.split(name)
+        if n > len(indices):
+            raise DatasetError(
+                f"{self.json_path} has {len(indices)} {name} images, fewer than the {n} asked for. Ask for at "
+                f"most {len(indices)} (0: all of them), or generate a world with more.")
+        dropped = set(indices[n:])
+        images = [rec for i, rec in enumerate(self.images) if i not in dropped]
+        return KarpathyData(images, self.json_path, self.images_dir, dict(Counter(r.split for r in images)))
+
 
 def load_karpathy(
     json_path: str | Path, images_dir: str | Path, *, restval_as_train: bool = True

@@ -211,7 +211,7 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
         *(_SCENES_ABOUT if scenes else _SHAPES_ABOUT),
         "",
         "## Data and command",
-        f"- World: {world_summary(Path(cfg.data.dataset), 'scenes' if scenes else 'shapes')}.",
+        f"- World: {world_summary(Path(cfg.data.dataset), 'scenes' if scenes else 'shapes', cfg.data.train_images)}.",
         f"- Command: `python -m sat_core.ship {name}` (preset `sat_core/presets/{preset_path(name).name}`).",
         f"- Encoder: {encoder} Decoder: LSTM {cfg.model.hidden_dim}, "
         f"embedding {cfg.model.embed_dim}, attention MLP {cfg.model.attn_dim}, dropout {cfg.model.dropout}"
@@ -232,16 +232,18 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
     return card.model_card(name, config, metrics, about=about)
 
 
-def world_summary(dataset: Path, kind: str) -> str:
+def world_summary(dataset: Path, kind: str, train_images: int = 0) -> str:
     """'24000 train / 400 val / 500 test images, seed 0': the world in ``dataset`` when it can be read (the
-    one the model was trained and tested on), else the one the ship generates for ``kind``."""
+    one the model was trained and tested on), else the one the ship generates for ``kind``; with
+    ``train_images`` (the preset's data.train_images), 'the first 8000 of 24000 train / …'."""
     try:
         data = json.loads(dataset.read_text())
         splits = [image["split"] for image in data["images"]]
         counts, seed = {split: splits.count(split) for split in ("train", "val", "test")}, data["seed"]
     except (OSError, ValueError, KeyError, TypeError):
         counts, seed = WORLDS[kind], WORLDS[kind]["seed"]
-    return f"{counts['train']} train / {counts['val']} val / {counts['test']} test images, seed {seed}"
+    train = f"the first {train_images} of {counts['train']}" if train_images else f"{counts['train']}"
+    return f"{train} train / {counts['val']} val / {counts['test']} test images, seed {seed}"
 
 
 _SHAPES_ABOUT = (

@@ -171,6 +171,8 @@ class Trainer:
         if resume:
             _require_state(Path(resume) / "last")  # before the slow part: decoding every image
         self.data = load_karpathy(cfg.data.dataset, cfg.data.images)
+        if cfg.data.train_images:
+            self.data = self.data.first_of_split("train", cfg.data.train_images)
         self.preprocess = preprocess_config(cfg)
         if resume:
             config = json.loads((Path(resume) / "last" / "config.json").read_text())

@@ -255,3 +255,14 @@ def test_image_batches_keep_all_captions_of_an_image_together():
     ranks = [ImageBatchSampler(image_of, 6, seed=3, num_replicas=2, rank=r) for r in (0, 1)]
     shards = [sorted(k for b in list(s) for k in b) for s in ranks]
     assert not set(shards[0]) & set(shards[1]) and sorted(shards[0] + shards[1]) == list(range(len(image_of)))
+
+
+def test_first_of_split_keeps_the_first_training_images_and_every_other_split(world) -> None:
+    data, _, _ = world
+    train = data.split("train")
+    fewer = data.first_of_split("train", 2)
+    assert [fewer.images[i].path for i in fewer.split("train")] == [data.images[i].path for i in train[:2]]
+    assert fewer.split_counts == {**data.split_counts, "train": 2}
+    assert [fewer.images[i].path for i in fewer.split("val")] == [data.images[i].path for i in data.split("val")]
+    with pytest.raises(DatasetError, match=f"has {len(train)} train images, fewer than the 99 asked for"):
+        data.first_of_split("train", 99)

@@ -180,6 +180,7 @@ def test_the_ship_generates_a_scenes_world_three_times_the_shapes_one_and_the_ca
     dataset.write_text(json.dumps({"seed": 7, "images": [{"split": s} for s in ("train", "train", "val", "test")]}))
     assert ship.world_summary(dataset, "scenes") == "2 train / 1 val / 1 test images, seed 7"
     assert ship.world_summary(tmp_path / "missing.json", "scenes") == "24000 train / 400 val / 500 test images, seed 0"
+    assert ship.world_summary(dataset, "scenes", 1).startswith("the first 1 of 2 train / 1 val")
 
 
 def test_the_card_says_which_epoch_was_shipped_when_it_is_the_last_not_the_best(tmp_path):
@@ -192,8 +193,7 @@ def test_the_card_says_which_epoch_was_shipped_when_it_is_the_last_not_the_best(
     assert (best["best_epoch"], best["shipped_epoch"]) == (2, 2)
     assert (last["best_epoch"], last["shipped_epoch"], last["shipped_checkpoint"]) == (2, 3, "last")
     cfg = TrainConfig.from_dict(json.loads(ship.preset_path("scenes_soft").read_text()))
-    card = {True: None, False: None}
-    for is_last, summary in ((False, best), (True, last)):
-        card[is_last] = ship.model_card("scenes_soft", cfg, {}, {**METRICS, "training": {**METRICS["training"], **summary}})
-    assert "best validation BLEU-4 0.5 at epoch 2; shipped: the last epoch (3)." in card[True]
-    assert "shipped: the last epoch" not in card[False] and "best validation BLEU-4 0.5 at epoch 2." in card[False]
+    best_card, last_card = (ship.model_card("scenes_soft", cfg, {}, {**METRICS, "training": {**METRICS["training"], **s}})
+                            for s in (best, last))
+    assert "best validation BLEU-4 0.5 at epoch 2; shipped: the last epoch (3)." in last_card
+    assert "shipped: the last epoch" not in best_card and "best validation BLEU-4 0.5 at epoch 2." in best_card

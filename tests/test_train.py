@@ -408,3 +408,12 @@ def test_a_new_run_in_an_old_runs_folder_starts_its_own_log_and_keeps_the_old_on
     assert train.main(["--resume", str(run), "--epochs", "2"]) == 0  # a resume goes on in the same log
     log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
     assert [x.get("epoch") for x in log if "val" in x] == [1, 2]
+
+
+def test_train_images_trains_on_the_first_images_and_refuses_more_than_there_are(world_data, tmp_path, capsys):
+    data, images = world_data
+    code = train.main(train_args(data, images, tmp_path / "run", "--epochs", "1", "--train-images", "4"))
+    assert code == 0, capsys.readouterr().err
+    assert "train 4 images (20 captions)" in capsys.readouterr().out
+    err = _fails(train_args(data, images, tmp_path / "run2", "--train-images", "7"), capsys)
+    assert "has 6 train images, fewer than the 7 asked for" in err and "at most 6" in err
