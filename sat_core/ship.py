@@ -4,8 +4,8 @@
 
 Generates the embedded world into ``data/world`` (scenes: ``data/scenes``) if it is missing, pretrains
 the small encoder on it (``sat_core.pretrain``, shared by both shapes presets) if missing, trains with
-the preset ``sat_core/presets/<name>.json`` (or ``--skip-train`` to reuse its run directory), evaluates the best validation checkpoint on the test
-split, and writes ``checkpoints/<name>/`` with fp16 weights, ``config.json``, ``metrics.json``,
+the preset ``sat_core/presets/<name>.json`` (or ``--skip-train`` to reuse its run directory), evaluates the best validation checkpoint
+(``--checkpoint last``: the last epoch's) on the test split, and writes ``checkpoints/<name>/`` with fp16 weights, ``config.json``, ``metrics.json``,
 ``eval_records.json``, ``MODEL_CARD.md`` and ``example.png`` (the first test image with its caption
 and an α map per word).
 
