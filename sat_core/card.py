@@ -103,7 +103,8 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
         optim = training.get("train_config", {}).get("optim", {})
         if optim:
             schedule = (f"cosine from {optim['lr']:g} to {optim.get('lr_final', 0) * optim['lr']:.2g} over "
-                        f"{optim.get('epochs', '?')} epochs" if optim.get("lr_schedule") == "cosine"
+                        f"{training.get('planned_epochs', optim.get('epochs', '?'))} epochs"
+                        if optim.get("lr_schedule") == "cosine"
                         else f"{optim.get('lr', '?')} throughout")
             lines += [f"- Optimiser: {optim.get('optimizer', '?')}, learning rate {schedule}."]
     lines += ["", f"## {str(metrics.get('split', 'evaluation')).capitalize()} split "

@@ -107,6 +107,7 @@ def training_summary(run_dir: Path, checkpoint: str = "best") -> dict[str, Any]:
     (best | last) of the run holds."""
     epochs = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     setups = [e for e in epochs if e.get("event") == "setup"]
+    plans = [e["epochs"] for e in epochs if e.get("event") == "schedule"]  # a cosine schedule fitted to --max-minutes
     epochs = [e for e in epochs if "val" in e]
     if not epochs:
         raise SatError(f"{run_dir}/log.jsonl has no finished epoch; train first.")
@@ -124,6 +125,7 @@ def training_summary(run_dir: Path, checkpoint: str = "best") -> dict[str, Any]:
         # Reading the images and running the frozen encoder once, before the first step (logs before
         # it was kept: not known).
         **({"setup_minutes": round(sum(s["seconds"] for s in setups) / 60, 1)} if setups else {}),
+        **({"planned_epochs": plans[-1]} if plans else {}),
     }
 
 

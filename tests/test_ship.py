@@ -192,6 +192,10 @@ def test_the_card_says_which_epoch_was_shipped_when_it_is_the_last_not_the_best(
     best, last = ship.training_summary(run), ship.training_summary(run, "last")
     assert (best["best_epoch"], best["shipped_epoch"]) == (2, 2)
     assert (last["best_epoch"], last["shipped_epoch"], last["shipped_checkpoint"]) == (2, 3, "last")
+    assert "planned_epochs" not in best  # the log has no re-planned schedule
+    (run / "log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [
+        lines[0], {"event": "schedule", "epoch": 1, "epochs": 3}, *lines[1:]]))
+    assert ship.training_summary(run)["planned_epochs"] == 3
     cfg = TrainConfig.from_dict(json.loads(ship.preset_path("scenes_soft").read_text()))
     best_card, last_card = (ship.model_card("scenes_soft", cfg, {}, {**METRICS, "training": {**METRICS["training"], **s}})
                             for s in (best, last))
