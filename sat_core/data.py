@@ -61,6 +61,7 @@ class KarpathyData:
     json_path: Path
     images_dir: Path
     split_counts: dict[str, int] = field(default_factory=dict)
+    seed: int | None = None  # the generator's seed of an embedded world's file (Karpathy's files have none)
 
     def split(self, name: str) -> list[int]:
         """Indices of the images in split ``name``; a DatasetError if it has none."""
@@ -83,7 +84,7 @@ class KarpathyData:
                 f"most {len(indices)} (0: all of them), or generate a world with more.")
         dropped = set(indices[n:])
         images = [rec for i, rec in enumerate(self.images) if i not in dropped]
-        return KarpathyData(images, self.json_path, self.images_dir, dict(Counter(r.split for r in images)))
+        return KarpathyData(images, self.json_path, self.images_dir, dict(Counter(r.split for r in images)), self.seed)
 
 
 def load_karpathy(
@@ -106,7 +107,7 @@ def load_karpathy(
     images = [_parse_entry(e, i, json_path, images_dir, restval_as_train) for i, e in enumerate(entries)]
     if not images:
         raise DatasetError(f"{json_path} lists no images; regenerate or re-download it.")
-    return KarpathyData(images, json_path, images_dir, dict(Counter(r.split for r in images)))
+    return KarpathyData(images, json_path, images_dir, dict(Counter(r.split for r in images)), doc.get("seed"))
 
 
 def _read_json(path: Path) -> Any:

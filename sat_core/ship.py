@@ -30,7 +30,7 @@ import torch
 from sat_core import card
 from sat_core import checkpoint as ckpt
 from sat_core.config import DecodeConfig, TrainConfig
-from sat_core.data import load_karpathy
+from sat_core.data import KarpathyData, load_karpathy
 from sat_core.errors import SatError
 
 PRESETS = Path(__file__).parent / "presets"
@@ -165,7 +165,7 @@ def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage
         stats["domain"] = {**domain, "annotations": card.annotation_statistics(
             loaded.model, loaded.preprocess, card.domain_images(data))}
     training = {**stored, **stats, "preset": preset_path(name).name, **summary, "train_config": cfg.to_dict()}
-    card_text = model_card(name, cfg, {**loaded.config, "training": training}, metrics)
+    card_text = model_card(name, cfg, {**loaded.config, "training": training}, metrics, data)
     ckpt.save_checkpoint(
         target, loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
         preprocess=loaded.preprocess, training=training,
@@ -204,8 +204,10 @@ def _encoder_minutes(cfg: TrainConfig) -> str:
     return f"{sum(e['seconds'] for e in json.loads(meta.read_text())['log']) / 60:.1f}"
 
 
-def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dict[str, Any]) -> str:
-    """The generic card (sat_core.card) with what only the shipped world models can say about themselves."""
+def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dict[str, Any],
+               data: KarpathyData | None = None) -> str:
+    """The generic card (sat_core.card) with what only the shipped world models can say about themselves;
+    ``data``: the world the model was evaluated on (else the one the ship generates is described)."""
     tr = metrics["training"]
     scenes = name.startswith("scenes_")
     encoder = _scenes_encoder(cfg) if scenes else _shapes_encoder(cfg, tr.get("encoder_minutes", "n/a"))
@@ -213,7 +215,7 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
         *(_SCENES_ABOUT if scenes else _SHAPES_ABOUT),
         "",
         "## Data and command",
-        f"- World: {world_summary(Path(cfg.data.dataset), 'scenes' if scenes else 'shapes', cfg.data.train_images)}.",
+        f"- World: {world_summary(data, 'scenes' if scenes else 'shapes', cfg.data.train_images)}.",
         f"- Command: `python -m sat_core.ship {name}` (preset `sat_core/presets/{preset_path(name).name}`).",
         f"- Encoder: {encoder} Decoder: LSTM {cfg.model.hidden_dim}, "
         f"embedding {cfg.model.embed_dim}, attention MLP {cfg.model.attn_dim}, dropout {cfg.model.dropout}"
@@ -234,18 +236,14 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
     return card.model_card(name, config, metrics, about=about)
 
 
-def world_summary(dataset: Path, kind: str, train_images: int = 0) -> str:
-    """'24000 train / 400 val / 500 test images, seed 0': the world in ``dataset`` when it can be read (the
-    one the model was trained and tested on), else the one the ship generates for ``kind``; with
-    ``train_images`` (the preset's data.train_images), 'the first 8000 of 24000 train / …'."""
-    try:
-        data = json.loads(dataset.read_text())
-        splits = [image["split"] for image in data["images"]]
-        counts, seed = {split: splits.count(split) for split in ("train", "val", "test")}, data["seed"]
-    except (OSError, ValueError, KeyError, TypeError):
-        counts, seed = WORLDS[kind], WORLDS[kind]["seed"]
-    train = f"the first {train_images} of {counts['train']}" if train_images else f"{counts['train']}"
-    return f"{train} train / {counts['val']} val / {counts['test']} test images, seed {seed}"
+def world_summary(data: KarpathyData | None, kind: str, train_images: int = 0) -> str:
+    """'24000 train / 400 val / 500 test images, seed 0': the world ``data`` (the one the model was trained
+    and tested on), else the one the ship generates for ``kind``; with ``train_images`` (the preset's
+    data.train_images), 'the first 8000 of 24000 train / …'."""
+    counts, seed = (data.split_counts, data.seed) if data is not None else (WORLDS[kind], WORLDS[kind]["seed"])
+    train = f"the first {train_images} of {counts.get('train', 0)}" if train_images else f"{counts.get('train', 0)}"
+    return (f"{train} train / {counts.get('val', 0)} val / {counts.get('test', 0)} test images, "
+            f"seed {'unknown' if seed is None else seed}")
 
 
 _SHAPES_ABOUT = (

@@ -262,7 +262,7 @@ def test_first_of_split_keeps_the_first_training_images_and_every_other_split(wo
     train = data.split("train")
     fewer = data.first_of_split("train", 2)
     assert [fewer.images[i].path for i in fewer.split("train")] == [data.images[i].path for i in train[:2]]
-    assert fewer.split_counts == {**data.split_counts, "train": 2}
+    assert fewer.split_counts == {**data.split_counts, "train": 2} and fewer.seed == data.seed
     assert [fewer.images[i].path for i in fewer.split("val")] == [data.images[i].path for i in data.split("val")]
     with pytest.raises(DatasetError, match=f"has {len(train)} train images, fewer than the 99 asked for"):
         data.first_of_split("train", 99)

@@ -207,6 +207,7 @@ def test_count_probe_reads_the_worlds_counts_and_runs_end_to_end(runs, capsys):
     from sat_core.data import load_karpathy
 
     loaded = load_karpathy(path, root)
+    assert loaded.seed == data["seed"]  # the generator's seed, for the model card's world line
     categories = sorted({o["category"] for im in loaded.images for o in im.objects or []})
     _, counts = count_probe.encode_split(loaded, "train", 1, _NoEncoder(), count_probe.PreprocessConfig(image_size=32),
                                          categories)

@@ -9,6 +9,7 @@ import pytest
 
 from sat_core import ship
 from sat_core.config import TrainConfig
+from sat_core.data import KarpathyData
 from sat_core.errors import SatError
 
 METRICS = {"training": {"epochs": 2, "train_minutes": 1.5, "captions_per_s": 90.0, "best_val_bleu4": 0.4,
@@ -176,10 +177,9 @@ def test_the_ship_generates_a_scenes_world_three_times_the_shapes_one_and_the_ca
                                               "images": str(tmp_path / kind)}})
         ship.ensure_world(cfg, kind)
     assert made == [("scenes", (24000, 400, 500)), ("shapes", (8000, 400, 500))]
-    dataset = tmp_path / "small.json"
-    dataset.write_text(json.dumps({"seed": 7, "images": [{"split": s} for s in ("train", "train", "val", "test")]}))
+    dataset = KarpathyData([], tmp_path / "small.json", tmp_path, {"train": 2, "val": 1, "test": 1}, seed=7)
     assert ship.world_summary(dataset, "scenes") == "2 train / 1 val / 1 test images, seed 7"
-    assert ship.world_summary(tmp_path / "missing.json", "scenes") == "24000 train / 400 val / 500 test images, seed 0"
+    assert ship.world_summary(None, "scenes") == "24000 train / 400 val / 500 test images, seed 0"
     assert ship.world_summary(dataset, "scenes", 1).startswith("the first 1 of 2 train / 1 val")
 
 
