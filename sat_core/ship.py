@@ -107,7 +107,8 @@ def training_summary(run_dir: Path, checkpoint: str = "best") -> dict[str, Any]:
     (best | last) of the run holds."""
     epochs = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     setups = [e for e in epochs if e.get("event") == "setup"]
-    plans = [e["epochs"] for e in epochs if e.get("event") == "schedule"]  # a cosine schedule fitted to --max-minutes
+    # A cosine schedule fitted to --max-minutes (checkpoints written since session 21 also keep it).
+    plans = [e["epochs"] for e in epochs if e.get("event") == "schedule"]
     epochs = [e for e in epochs if "val" in e]
     if not epochs:
         raise SatError(f"{run_dir}/log.jsonl has no finished epoch; train first.")

@@ -462,6 +462,7 @@ class Trainer:
     def _save_model(self, directory: Path, metrics: dict | None = None, *, refresh: bool = True,
                     **extra: Any) -> None:
         training = {"train_config": self.cfg.to_dict(), "epoch": self.epoch, "step": self.step,
+                    "planned_epochs": self.planned_epochs,  # the schedule's length, once fitted to --max-minutes
                     "dataset": str(self.cfg.data.dataset), **self._domain_statistics(refresh)}
         ckpt.save_checkpoint(directory, self.model, model_config=self.model_config, vocab=self.vocab,
                              preprocess=self.preprocess, training=training, metrics=metrics, **extra)

@@ -285,6 +285,8 @@ def test_a_time_budget_that_fits_fewer_epochs_ends_the_cosine_schedule_with_them
     assert 1e-3 < seen[-1] < 1.05e-3  # at the floor, 0.25 × 4e-3, by the last epoch that fits
     assert "--max-minutes 10 fits 7 epochs at 1.2 min each, not 10" in capsys.readouterr().out
     assert _state(tmp_path / "run")[0]["planned_epochs"] == 7
+    saved = json.loads((tmp_path / "run" / "last" / ckpt.CONFIG_FILE).read_text())["training"]
+    assert saved["planned_epochs"] == 7  # what the model card names the cosine schedule by
 
 
 def test_cached_features_are_what_the_saved_model_computes(tiny_data, tmp_path):
