@@ -59,16 +59,24 @@ def _checkpoint_ui(settings: ServerSettings) -> tuple[dict[str, str], str | None
 def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
     st.sidebar.subheader("Decoding")
     if loaded is not None:  # the length normalisation the checkpoint's figures were measured with
-        state.follow_checkpoint(name, {"lnorm": loaded.length_norm})
+        state.follow_checkpoint(name, {"beam": loaded.beam_size, "lnorm": loaded.length_norm,
+                                       "kinds": loaded.one_mention_per_kind})
     for key, low, high in (("beam", 1, 10), ("maxlen", 3, 40), ("lnorm", 0.0, 1.0)):
         state.clamp(key, low, high)
-    beam = st.sidebar.slider("Beam size", 1, 10, key="beam", help="1 = greedy decoding")
+    beam = st.sidebar.slider("Beam size", 1, 10, key="beam",
+                             help="1 = greedy decoding. Set to the beam the checkpoint was evaluated with whenever "
+                                  "a checkpoint is chosen.")
     max_len = st.sidebar.slider("Max length", 3, 40, key="maxlen")
     length_norm = st.sidebar.slider(
         "Length normalisation", 0.0, 1.0, step=0.1, key="lnorm", disabled=beam == 1,
         help="Beam search ranks finished captions by log p / length^x: 0 sums the words' log-probabilities "
              "(short captions win), 1 averages them. Greedy decoding (beam 1) does not use it. Set to the "
              "value the checkpoint was evaluated with whenever a checkpoint is chosen.")
+    kinds = st.sidebar.checkbox(
+        "One mention per kind", key="kinds",
+        help="Scenes world: a category may be named again only in another colour (\"two red apples and a "
+             "green apple\"), as every reference caption of the world is written; blocks \"two dogs and a "
+             "dog\". Set to what the checkpoint was evaluated with whenever a checkpoint is chosen.")
     state.keep_choice("hard_mode", ["expect", "sample"])
     hard_mode = st.sidebar.radio(
         "Hard attention at test time", ["expect", "sample"], key="hard_mode", horizontal=True,
@@ -84,7 +92,7 @@ def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
                                 "AVX512-BF16), else fp32; bf16 gives the same best caption for 97–98 % of "
                                 "test scenes (README, Benchmarks).")
     return DecodeConfig(beam_size=beam, max_len=max_len, length_norm=float(length_norm), hard_mode=hard_mode,
-                        seed=seed)
+                        seed=seed, one_mention_per_kind=bool(kinds))
 
 
 def _image_ui(data: DataSource, loaded) -> tuple:

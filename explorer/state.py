@@ -25,7 +25,7 @@ from explorer.settings import ServerSettings
 _BOOL = {"1": True, "true": True, "0": False, "false": False}
 URL_WIDGETS: dict[str, Callable[[str], Any]] = {
     "ckpt": str, "cmp_soft": str, "cmp_hard": str, "source": str, "scene": int, "beam": int, "maxlen": int,
-    "lnorm": float, "hard_mode": str, "seed": int, "method": str, "sigma": float, "norm": str, "opacity": float,
+    "lnorm": float, "kinds": lambda v: _BOOL[v.lower()], "hard_mode": str, "seed": int, "method": str, "sigma": float, "norm": str, "opacity": float,
     "cmap": str, "coverage": lambda v: _BOOL[v.lower()], "masks": lambda v: _BOOL[v.lower()],
     "cmp_source": str, "cmp_ref": int, "cmp_text": str, "cmp_step": int, "cmp_seed": int, "cmp_n": int,
     "score_ref": str, "score_text": str,
@@ -36,8 +36,8 @@ URL_WIDGETS: dict[str, Callable[[str], Any]] = {
 URL_WIDGETS.update({"closer_word": int, "err_labels": lambda v: [x for x in v.split(",") if x], "err_sort": str})
 PAGE_DEFAULTS = {"closer_word": 0, "err_sort": "CIDEr ↑ (worst first)"}  # not applied up front: pages own them
 _DECODE = DecodeConfig()
-DECODE_WIDGETS = {"beam": "beam_size", "maxlen": "max_len", "lnorm": "length_norm", "hard_mode": "hard_mode",
-                  "seed": "seed"}
+DECODE_WIDGETS = {"beam": "beam_size", "maxlen": "max_len", "lnorm": "length_norm",
+                  "kinds": "one_mention_per_kind", "hard_mode": "hard_mode", "seed": "seed"}
 DEFAULTS: dict[str, Any] = {
     "source": "Gallery scene", **{key: getattr(_DECODE, name) for key, name in DECODE_WIDGETS.items()},
     "method": "nearest", "sigma": 0.0, "norm": "word", "opacity": 0.6, "cmap": "viridis",
@@ -45,8 +45,8 @@ DEFAULTS: dict[str, Any] = {
     "cmp_source": "soft", "cmp_step": 1, "cmp_seed": 0, "cmp_n": 5, "ew_mode": "exclude",
 }
 STEP, FORCED = "step", "forced"  # plain state of the step-through view
-# Widget defaults that come from the selected checkpoint (its evaluation's length normalisation),
-# with the checkpoint they came from: {"for": name, "lnorm": 1.0}.
+# Widget defaults that come from the selected checkpoint (its evaluation's length normalisation and
+# one-mention-per-kind rule), with the checkpoint they came from: {"for": name, "lnorm": 1.0, "kinds": True}.
 CHECKPOINT_DEFAULT = "_checkpoint_default"
 
 

@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("images", nargs="+", metavar="IMAGE_OR_DIR",
                    help="image files (JPEG, PNG, …) or folders of them")
     cli.add_decode_flags(p)
-    cli.length_norm_follows_checkpoint(p)
+    cli.decoding_follows_checkpoint(p)
     p.add_argument("--json", action="store_true", help="print JSON with tokens, scores, α grids and β")
     p.add_argument("--jsonl", metavar="OUT", help="write one JSON object per image to OUT ('-': stdout)")
     p.add_argument("--save-attention", metavar="DIR", help="write each caption's α strip to DIR/<image>.png")
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SatError(f"--batch-size must be at least 1, not {args.batch_size}.")
             cli.decode_config(args)  # bad values are reported before the checkpoint is read
             loaded = load_checkpoint(args.checkpoint, device=pick_device(args.device))
-            cfg = cli.decode_config(args, DecodeConfig(length_norm=loaded.length_norm))
+            cfg = cli.decode_config(args, loaded.decode_defaults())
             outputs = _Outputs.open(args, stack)
         except SatError as err:
             print(f"error: {err}", file=sys.stderr)

@@ -110,7 +110,8 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
     lines += ["", f"## {str(metrics.get('split', 'evaluation')).capitalize()} split "
                   f"({metrics.get('n_images', '?')} images, beam {metrics.get('beam', '?')}, "
                   f"length normalisation {metrics.get('length_norm', 0.0)}, "
-                  f"{metrics.get('precision', 'fp32')})",
+                  + ("one mention per kind, " if metrics.get("one_mention_per_kind") else "")
+                  + f"{metrics.get('precision', 'fp32')})",
               "| metric | value |", "| --- | --- |"]
     lines += [f"| {k} | {_figure(v)} |" for k, v in metrics.get("corpus", {}).items()]
     lines += [f"| grounded {k} | {_figure(v)} |" for k, v in metrics.get("grounded", {}).items()

@@ -281,6 +281,23 @@ class LoadedCheckpoint:
         value = (self.metrics or {}).get("length_norm")
         return float(value) if isinstance(value, (int, float)) else DecodeConfig().length_norm
 
+    @property
+    def one_mention_per_kind(self) -> bool:
+        """Whether its metrics were measured with ``DecodeConfig.one_mention_per_kind``."""
+        return (self.metrics or {}).get("one_mention_per_kind") is True
+
+    @property
+    def beam_size(self) -> int:
+        """The beam its metrics were measured with (DecodeConfig's default if unknown)."""
+        value = (self.metrics or {}).get("beam")
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else DecodeConfig().beam_size
+
+    def decode_defaults(self) -> DecodeConfig:
+        """DecodeConfig's defaults with what its figures were measured with: beam, length normalisation
+        and the one-mention-per-kind rule (what the CLI and the explorer start from)."""
+        return DecodeConfig(beam_size=self.beam_size, length_norm=self.length_norm,
+                            one_mention_per_kind=self.one_mention_per_kind)
+
 
 def load_checkpoint(
     path: str | Path, *, device: str | torch.device = "cpu", allowed_roots: Sequence[Path] | None = None

@@ -80,10 +80,11 @@ def add_decode_flags(parser: argparse.ArgumentParser, defaults: DecodeConfig | N
     add_flags(parser, defaults or DecodeConfig(), path=("decode",))
 
 
-def length_norm_follows_checkpoint(parser: argparse.ArgumentParser) -> None:
-    """Say in ``--length-norm``'s help that, when not given, the checkpoint's own value is used."""
+def decoding_follows_checkpoint(parser: argparse.ArgumentParser) -> None:
+    """Say in the help of ``--beam``, ``--length-norm`` and ``--one-mention-per-kind`` that, when not
+    given, the checkpoint's own value is used (``LoadedCheckpoint.decode_defaults``)."""
     for action in parser._actions:
-        if action.dest == "decode.length_norm":
+        if action.dest in ("decode.beam_size", "decode.length_norm", "decode.one_mention_per_kind"):
             text, _, default = (action.help or "").rpartition(" [default:")
             action.help = (f"{text}; when not given, the value the checkpoint's metrics were measured with, "
                            f"else [default:{default}")

@@ -234,6 +234,9 @@ class DecodeConfig(Config):
     max_len: int = option(20, "length cap in words", low=1)
     length_norm: float = option(0.0, "score = logprob / len**length_norm (0: raw sum, 1: mean)", low=0.0)
     suppress_unk: bool = option(True, "never generate <unk>")
+    one_mention_per_kind: bool = option(False, "scenes world: name a category again only in another colour "
+                                        "(\"two red apples and a green apple\", never \"two dogs and a dog\"), "
+                                        "as the world's references do")
     hard_mode: str = option("expect", "hard attention at test time: expectation α or a sampled location",
                             choices=("expect", "sample"))
     seed: int = option(0, "seed of hard_mode=sample", low=0)

@@ -20,6 +20,7 @@ from sat_core.models.captioner import Captioner
 from sat_core.models.decoder import AlphaEdit
 from sat_core.models.encoder import Annotations
 from sat_core.precision import autocast
+from sat_core.scenes_catalog import COLOURS, NOUNS
 from sat_core.vocab import Vocab
 from sat_core.words import caption_words
 
@@ -83,6 +84,71 @@ class Intervention:
             return torch.where(total > 0, kept / total.clamp_min(1e-30), uniform.expand_as(alpha))
 
         return edit
+
+
+class KindGuard:
+    """``DecodeConfig.one_mention_per_kind``: a category named once may be named again only when
+    both mentions carry a colour word and the colours differ ("two red apples and a green apple"). So
+    "two dogs and a dog", "a grey dog in front of a grey dog" and "two orange cats and a cat" are
+    blocked at their second noun. The scenes world's references keep this rule without exception
+    (they say "three dogs"); models break it when they lose count.
+
+    A state is per row: the kinds named so far, (N, (colours + 1) · categories) bool (colour-major,
+    the last block: no colour word), and the colour word just emitted, (N,) (the last index: none).
+    """
+
+    def __init__(self, vocab: Vocab, device: torch.device) -> None:
+        cats = sorted({category for category, _ in NOUNS.values()})
+        self.n_cats, none = len(cats), len(COLOURS)
+        self.noun = torch.full((len(vocab),), -1, dtype=torch.long)  # word -> category index, −1: not a noun
+        self.colour = torch.full((len(vocab),), none, dtype=torch.long)  # word -> colour index, none
+        for word, i in vocab.stoi.items():
+            if word in NOUNS:
+                self.noun[i] = cats.index(NOUNS[word][0])
+            if word in COLOURS:
+                self.colour[i] = COLOURS.index(word)
+        self.noun, self.colour, self.none = self.noun.to(device), self.colour.to(device), none
+        self.active = bool((self.noun >= 0).any())
+
+    def start(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        seen = torch.zeros(n, (self.none + 1) * self.n_cats, dtype=torch.bool, device=self.noun.device)
+        return seen, torch.full((n,), self.none, dtype=torch.long, device=self.noun.device)
+
+    def blocked(self, state: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor) -> torch.Tensor:
+        """(N, W) bool: which of each row's candidate ``words`` (N, W) would name a kind again."""
+        seen, colour = state
+        cat = self.noun[words].clamp_min(0)  # (N, W)
+        by_colour = seen.view(len(seen), self.none + 1, self.n_cats)  # (N, colours + 1, C)
+        named = by_colour.any(1).gather(1, cat)  # (N, W) the category was named before
+        bare = by_colour[:, self.none].gather(1, cat)  # ... without a colour word
+        same = seen.gather(1, colour.unsqueeze(1) * self.n_cats + cat)  # ... with this colour word
+        again = bare | same | (named & (colour == self.none).unsqueeze(1))
+        return (self.noun[words] >= 0) & again
+
+    def advance(self, state: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor,
+                words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The state of the rows that continue ``rows`` (N',) of this step with ``words`` (N',)."""
+        seen, colour = state
+        seen, cat = seen[rows], self.noun[words]  # (N', ·), (N',)
+        named = (cat >= 0).nonzero().squeeze(1)
+        seen[named, colour[rows][named] * self.n_cats + cat[named]] = True
+        return seen, self.colour[words]
+
+    def banned_after(self, tokens: Sequence[int]) -> list[int]:
+        """The word ids blocked after one caption prefix (a decode session's next step)."""
+        state = self.start(1)
+        for token in tokens:
+            word = torch.tensor([token], device=self.noun.device)
+            state = self.advance(state, torch.zeros(1, dtype=torch.long, device=self.noun.device), word)
+        every = torch.arange(len(self.noun), device=self.noun.device).unsqueeze(0)
+        return self.blocked(state, every)[0].nonzero().squeeze(1).tolist()
+
+
+def _kind_guard(vocab: Vocab, cfg: DecodeConfig, device: torch.device) -> KindGuard | None:
+    if not cfg.one_mention_per_kind:
+        return None
+    guard = KindGuard(vocab, device)
+    return guard if guard.active else None
 
 
 def _suppressed(vocab: Vocab, cfg: DecodeConfig) -> list[int]:
@@ -212,6 +278,8 @@ def _search(model, inputs, device, vocab, cfg, intervention, generator):
     if model.hard and cfg.hard_mode == "sample" and generator is None:
         generator = torch.Generator(device).manual_seed(cfg.seed)
     banned = _suppressed(vocab, cfg)
+    guard = _kind_guard(vocab, cfg, device)
+    kinds = guard.start(B) if guard else None
     trace, ends = _Trace(), [[] for _ in range(B)]  # ends: (t, row, word, logprob, finished)
     done = np.zeros(B, dtype=bool)
     for t in range(cfg.max_len):
@@ -223,8 +291,10 @@ def _search(model, inputs, device, vocab, cfg, intervention, generator):
         trace.betas.append(out.beta)
         trace.locations.append(out.location)
         # An image's 2K best candidates are among each row's 2K best words (a row's score is a constant).
-        n_top = min(2 * K, V)
+        n_top = min(2 * K + (2 if guard else 0), V)  # a blocked word leaves room for the next best
         row_words, logp = _top_log_probs(model, out, banned, n_top)  # (n, T), (n, T)
+        if guard:
+            logp = logp.masked_fill(guard.blocked(kinds, row_words), -float("inf"))
         cand = (logp + scores.view(n, 1)).view(len(active), k * n_top)  # (B', k·T)
         top_scores, top_pos = cand.topk(min(2 * K, k * n_top), dim=1)  # (B', 2K)
         top_rows = top_pos // n_top + k * torch.arange(len(active), device=device).view(-1, 1)  # (B', 2K)
@@ -246,6 +316,8 @@ def _search(model, inputs, device, vocab, cfg, intervention, generator):
         h, c = out.h[rows_t], out.c[rows_t]  # (B'·K, n)
         tokens = torch.from_numpy(words).to(device)
         scores = torch.from_numpy(new_scores).to(device)
+        if guard:
+            kinds = guard.advance(kinds, rows_t, tokens)
     else:
         _add_unfinished(ends, active, scores.cpu().numpy(), words, trace, K)
     return ends, trace, grid
@@ -414,6 +486,7 @@ class DecodeSession:
         self._states: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = [(h, c, start)]
         self.steps: list[StepView] = []
         self._banned = _suppressed(vocab, self.cfg)
+        self._guard = _kind_guard(vocab, self.cfg, self.device)
 
     @property
     def done(self) -> bool:
@@ -443,13 +516,14 @@ class DecodeSession:
         with autocast(self.device, self.cfg.precision):
             out = self.model.decoder.step(prev, h, c, self._prep, sample=sample, generator=gen, alpha_edit=edit)
         V = len(self.vocab)
+        banned = self._banned + (self._guard.banned_after([s.token for s in self.steps]) if self._guard else [])
         if force is None:  # the decision beam 1 makes: the best of each row's two best candidates
-            words, logp = _top_log_probs(self.model, out, self._banned, min(2, V))  # (1, 2)
+            words, logp = _top_log_probs(self.model, out, banned, min(2, V))  # (1, 2)
             token = int(words[0, logp[0].argmax()])
         else:
             token = self._token(force)
         logprob = float(_exact_log_probs(self.model, out, torch.tensor([[token]], device=self.device))[0, 0])
-        shown, shown_logp = _top_log_probs(self.model, out, self._banned, min(self.top_k, V))  # (1, top_k)
+        shown, shown_logp = _top_log_probs(self.model, out, banned, min(self.top_k, V))  # (1, top_k)
         order = shown_logp[0].argsort(descending=True)
         alpha = out.alpha[0].float()
         location = int(out.location[0])

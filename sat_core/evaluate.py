@@ -314,7 +314,7 @@ def evaluate_images(
                            meteor=meteor)
     precision = resolve(next(loaded.model.parameters()).device, cfg.precision)
     return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len,
-            "length_norm": cfg.length_norm, "precision": precision,
+            "length_norm": cfg.length_norm, "one_mention_per_kind": cfg.one_mention_per_kind, "precision": precision,
             "n_images": len(decoded), "skipped": skipped, **scored}
 
 
@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--images", required=True, help="folder holding the dataset's images")
     p.add_argument("--split", default="test")
     cli.add_decode_flags(p)
-    cli.length_norm_follows_checkpoint(p)
+    cli.decoding_follows_checkpoint(p)
     p.add_argument("--limit", type=int, default=None, help="evaluate only the split's first N images")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SatError(f"--limit must be at least 1, not {args.limit}.")
         cli.decode_config(args)  # bad values are reported before the checkpoint is read
         loaded = load_checkpoint(args.checkpoint, device=pick_device(args.device))
-        cfg = cli.decode_config(args, DecodeConfig(length_norm=loaded.length_norm))
+        cfg = cli.decode_config(args, loaded.decode_defaults())
         data = load_karpathy(args.data, args.images)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

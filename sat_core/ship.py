@@ -140,7 +140,7 @@ def as_shipped(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage: bool = False,
+def package(name: str, cfg: TrainConfig, beam: int | None, out_root: Path, *, repackage: bool = False,
             checkpoint: str = "best") -> dict[str, Any]:
     """Evaluate ``best/`` (or ``last/``) of the run (or, with ``repackage``, the shipped checkpoint itself) on
     the test split and write the shipped checkpoint folder: card, metrics, records, example figure."""
@@ -150,7 +150,7 @@ def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage
     loaded = ckpt.load_checkpoint(target if repackage else Path(cfg.out) / checkpoint)
     as_shipped(loaded.model)  # the figures describe the weights in the shipped file, not the run's fp32 ones
     data = load_karpathy(cfg.data.dataset, cfg.data.images)
-    decode = dataclasses.replace(cfg.val, beam_size=beam)  # the preset's val settings, at the ship's beam
+    decode = cfg.val if beam is None else dataclasses.replace(cfg.val, beam_size=beam)  # the preset's val settings
     result = evaluate(loaded, data, "test", decode, search_errors=True)
     summary = ((loaded.metrics or {}).get("training") if repackage else
                {**training_summary(Path(cfg.out), checkpoint), "encoder_minutes": _encoder_minutes(cfg)})
@@ -171,7 +171,7 @@ def package(name: str, cfg: TrainConfig, beam: int, out_root: Path, *, repackage
         target, loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
         preprocess=loaded.preprocess, training=training,
         metrics=metrics, dtype=SHIPPED_DTYPE, model_card=card_text,
-        extra_json={"eval_records.json": {"split": "test", "beam": beam, "records": records}},
+        extra_json={"eval_records.json": {"split": "test", "beam": decode.beam_size, "records": records}},
     )
     (target / "example.png").write_bytes(figure)
     return metrics
@@ -297,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                         "card, metrics, records and example figure")
     p.add_argument("--checkpoint", choices=("best", "last"), default="best",
                    help="which of the run's checkpoints to ship: the best by validation BLEU-4, or the last epoch's")
-    p.add_argument("--beam", type=int, default=DecodeConfig().beam_size, help="beam size of the test-split evaluation")
+    p.add_argument("--beam", type=int, default=None,
+                   help="beam size of the test-split evaluation (default: the preset's validation beam)")
     p.add_argument("--out", type=Path, default=Path("checkpoints"))
     p.add_argument("--minutes", type=float, default=SHIP_MINUTES,
                    help="budget of the whole command; the training gets what is left after the world, less "

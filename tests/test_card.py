@@ -25,6 +25,9 @@ def test_card_prints_counts_as_integers_and_scores_to_three_decimals(result, che
     assert f"| CIDEr | {result['corpus']['CIDEr']:.3f} |" in card
     assert (f"## Test split ({N_TEST} images, beam {result['beam']}, length normalisation {result['length_norm']}, "
             f"{result['precision']})") in card
+    assert result["one_mention_per_kind"] is False
+    guarded = model_card("soft", config, {**json.loads(json.dumps(result)), "one_mention_per_kind": True})
+    assert (f"length normalisation {result['length_norm']}, one mention per kind, {result['precision']})") in guarded
 
 
 def test_evaluate_card_writes_metrics_records_and_card_into_the_checkpoint(checkpoint, world_data, tmp_path, capsys):

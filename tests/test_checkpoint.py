@@ -83,6 +83,18 @@ def test_save_then_load_round_trip(tmp_path: Path, stand_in: StandIn) -> None:
         assert states_equal(tensors, stand_in.state_dict())
 
 
+@pytest.mark.parametrize("metrics, expected", [
+    (None, (3, 0.0, False)),
+    ({"beam": 5, "length_norm": 1.0, "one_mention_per_kind": True}, (5, 1.0, True)),
+    ({"beam": 0, "length_norm": "1", "one_mention_per_kind": "yes"}, (3, 0.0, False)),  # not usable: defaults
+])
+def test_decoding_defaults_come_from_what_the_metrics_were_measured_with(tmp_path: Path, stand_in: StandIn,
+                                                                        metrics, expected) -> None:
+    loaded = load_checkpoint(save(tmp_path / "ck", stand_in, metrics=metrics))
+    cfg = loaded.decode_defaults()
+    assert (cfg.beam_size, cfg.length_norm, cfg.one_mention_per_kind) == expected
+
+
 def test_pretrained_never_fetched_when_loading(tmp_path: Path, stand_in: StandIn, monkeypatch) -> None:
     built = []
     monkeypatch.setattr(ckpt, "_build_model", lambda cfg: built.append(cfg) or StandIn(cfg))

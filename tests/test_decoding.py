@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -426,3 +428,70 @@ def test_a_reference_as_long_as_the_step_cap_is_unreachable_and_scoring_reuses_a
     encoded = encode_images(tiny_model, image[None], cfg.precision)
     from_annotations = best_reference(tiny_model, vocab, encoded, ["a red circle"], cfg)
     assert from_annotations.score == pytest.approx(from_image.score, abs=1e-5)
+
+
+def _repeating_model():
+    """A scenes-vocabulary model that says "two dogs and a dog": after "a", "dog" beats "cat" by 2
+    logits (every other word lies 40 below). One-hot embedding, L_o maps each word to its successor(s)."""
+    from sat_core.vocab import Vocab
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", "two", "dogs", "and", "a", "dog", "cat", "brown"])
+    torch.manual_seed(7)
+    V = len(vocab)
+    model = Captioner(tiny_config(V, embed_dim=V, gate=False)).eval()
+    s = vocab.stoi
+    nxt = {vocab.start_id: [("two", 40.0)], s["two"]: [("dogs", 40.0)], s["dogs"]: [("and", 40.0)],
+           s["and"]: [("a", 40.0)], s["a"]: [("dog", 40.0), ("cat", 38.0)], s["dog"]: [("<end>", 40.0)],
+           s["cat"]: [("<end>", 40.0)]}
+    with torch.no_grad():
+        model.decoder.embed.weight.copy_(torch.eye(V))
+        model.decoder.L_h.weight.zero_()
+        model.decoder.L_z.weight.zero_()
+        L_o = torch.zeros(V, V)
+        L_o[[vocab.end_id, s["dog"], s["cat"]]] = -40.0  # only "a" leads to "dog" or "cat", only they end a
+        # caption: no beam fills with early ends
+        for prev, options in nxt.items():
+            for word, logit in options:
+                L_o[s[word], prev] = logit
+        model.decoder.L_o.weight.copy_(L_o)
+        model.decoder.L_o.bias.zero_()
+    return model, vocab
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_one_mention_per_kind_blocks_naming_a_kind_twice(beam):
+    model, vocab = _repeating_model()
+    image = _images(1)
+    plain = beam_search(model, image, vocab, DecodeConfig(beam_size=beam, max_len=8))[0][0]
+    guarded = beam_search(model, image, vocab, DecodeConfig(beam_size=beam, max_len=8, one_mention_per_kind=True))[0][0]
+    assert plain.words == ["two", "dogs", "and", "a", "dog"]
+    assert guarded.words == ["two", "dogs", "and", "a", "cat"]
+    assert guarded.finished
+
+
+def test_a_decode_session_follows_the_same_rule_and_hides_the_blocked_word():
+    model, vocab = _repeating_model()
+    cfg = DecodeConfig(max_len=8, one_mention_per_kind=True)
+    session = DecodeSession(model, vocab, _images(1)[0], cfg, top_k=3)
+    steps = session.run()
+    assert session.words == ["two", "dogs", "and", "a", "cat"]
+    assert "dog" not in steps[4].top_words and steps[4].top_words[0] == "cat"
+    assert session.words == beam_search(model, _images(1), vocab, dataclasses.replace(cfg, beam_size=1))[0][0].words
+
+
+def test_the_kind_guard_lets_a_category_come_back_only_in_another_colour():
+    from sat_core.decoding import KindGuard
+    from sat_core.vocab import Vocab
+    words = ["two", "red", "green", "apples", "apple", "and", "a", "dog", "dogs", "grey", "cat"]
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", *words])
+    guard = KindGuard(vocab, torch.device("cpu"))
+    ids = lambda text: [vocab.stoi[w] for w in text.split()]  # noqa: E731
+    banned = lambda text: {vocab.itos[i] for i in guard.banned_after(ids(text))}  # noqa: E731
+    assert banned("two red") == set()
+    assert banned("two red apples and a") == {"apple", "apples"}  # only a colour word may come first: "a green"
+    assert banned("two red apples and a red") == {"apple", "apples"}
+    assert banned("two red apples and a green") == set()
+    assert banned("two apples and a green") == {"apple", "apples"}
+    assert banned("two dogs and a") == {"dog", "dogs"}
+    assert banned("a grey dog and a grey") == {"dog", "dogs"}
+    assert banned("a grey dog and a") == {"dog", "dogs"}  # "a dog" after "a grey dog": the same dog or not?
+    assert banned("a dog and a grey cat and a") == {"dog", "dogs", "cat"}

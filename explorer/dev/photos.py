@@ -13,6 +13,7 @@ table is reproducible offline.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -21,7 +22,6 @@ from PIL import Image
 
 from sat_core.caption import caption_files
 from sat_core.checkpoint import load_checkpoint
-from sat_core.config import DecodeConfig
 from sat_core.domain import DomainReference, mean_annotations
 from sat_core.images import load_image, preprocess
 
@@ -54,7 +54,7 @@ def table(checkpoints: list[Path], folder: Path, beam: int) -> str:
     columns = {}
     for ckpt in checkpoints:
         loaded = load_checkpoint(ckpt)
-        cfg = DecodeConfig(beam_size=beam, max_len=20, length_norm=loaded.length_norm)  # as the explorer decodes
+        cfg = dataclasses.replace(loaded.decode_defaults(), beam_size=beam, max_len=20)  # as the explorer decodes
         results, failed = caption_files(loaded, sources, cfg)
         if failed:
             raise SystemExit(f"{ckpt}: {failed}")

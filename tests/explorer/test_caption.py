@@ -71,16 +71,19 @@ def test_length_normalisation_follows_the_sidebar_and_the_link(app, explorer_env
     assert reopened.sidebar.slider(key="lnorm").value == 1.0 and caption_shown(reopened) == caption_shown(app)
 
 
-def test_length_normalisation_follows_the_checkpoint_unless_a_link_sets_it(explorer_env):
-    at = new_app({"ckpt": "tiny-hard-normed", "beam": "4"})
+def test_decoding_follows_the_checkpoint_unless_a_link_sets_it(explorer_env):
+    at = new_app({"ckpt": "tiny-hard-normed"})
     at.run()
-    assert at.sidebar.slider(key="lnorm").value == 1.0  # what its metrics were measured with
-    assert "lnorm" not in at.query_params  # the checkpoint's own default: links leave it out
+    # what its metrics were measured with
+    assert at.sidebar.slider(key="beam").value == 4 and at.sidebar.slider(key="lnorm").value == 1.0
+    assert at.sidebar.checkbox(key="kinds").value is True
+    assert not {"beam", "lnorm", "kinds"} & set(at.query_params)  # the checkpoint's own defaults: links leave them out
     scene = at.sidebar.selectbox(key="scene").value
     hyps = expected_beams(explorer_env, "hard-normed", explorer_env.scene_path(scene), beam=4, length_norm=1.0)
     assert caption_shown(at) == (hyps[0].caption or "(empty)")
     at.sidebar.selectbox(key="ckpt").set_value("tiny-soft").run()
-    assert at.sidebar.slider(key="lnorm").value == 0.0  # a checkpoint without the figure: the default
+    assert at.sidebar.slider(key="lnorm").value == 0.0  # a checkpoint without the figures: the defaults
+    assert at.sidebar.slider(key="beam").value == 3 and at.sidebar.checkbox(key="kinds").value is False
     at.sidebar.slider(key="lnorm").set_value(0.5).run()
     assert at.query_params["lnorm"] == "0.5"
     at.sidebar.selectbox(key="ckpt").set_value("tiny-hard-normed").run()
