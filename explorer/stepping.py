@@ -22,7 +22,7 @@ PLAY_TO_END = 99  # a step past any length cap: "the whole caption" (links from 
 
 def _key(ctx: Context) -> tuple:
     d = ctx.decode
-    return (ctx.ckpt_key, ctx.image.key, d.max_len, d.hard_mode, d.seed)
+    return (ctx.ckpt_key, ctx.image.key, d.max_len, d.hard_mode, d.seed, d.one_mention_per_kind)
 
 
 def current_session(ctx: Context) -> tuple[DecodeSession, str | None]:

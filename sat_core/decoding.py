@@ -458,6 +458,8 @@ class StepView:
     beta: float
     location: int  # hard: sampled region (sample mode) or argmax α (expect mode); −1 for soft
     forced: bool
+    # Words one mention per kind kept out of ``top_words`` (they would have ranked among them), with p.
+    blocked: list[tuple[str, float]] = field(default_factory=list)
 
 
 class DecodeSession:
@@ -516,7 +518,8 @@ class DecodeSession:
         with autocast(self.device, self.cfg.precision):
             out = self.model.decoder.step(prev, h, c, self._prep, sample=sample, generator=gen, alpha_edit=edit)
         V = len(self.vocab)
-        banned = self._banned + (self._guard.banned_after([s.token for s in self.steps]) if self._guard else [])
+        ruled = self._guard.banned_after([s.token for s in self.steps]) if self._guard else []
+        banned = self._banned + ruled
         if force is None:  # the decision beam 1 makes: the best of each row's two best candidates
             words, logp = _top_log_probs(self.model, out, banned, min(2, V))  # (1, 2)
             token = int(words[0, logp[0].argmax()])
@@ -525,6 +528,11 @@ class DecodeSession:
         logprob = float(_exact_log_probs(self.model, out, torch.tensor([[token]], device=self.device))[0, 0])
         shown, shown_logp = _top_log_probs(self.model, out, banned, min(self.top_k, V))  # (1, top_k)
         order = shown_logp[0].argsort(descending=True)
+        blocked = []
+        if ruled:  # what the rule hid: ruled words among the top_k the model would have shown without it
+            free, free_logp = _top_log_probs(self.model, out, self._banned, min(self.top_k, V))
+            blocked = [(self.vocab.itos[int(w)], float(lp.exp())) for w, lp in zip(free[0], free_logp[0])
+                       if int(w) in ruled]
         alpha = out.alpha[0].float()
         location = int(out.location[0])
         if self.model.hard and location < 0:
@@ -540,6 +548,7 @@ class DecodeSession:
             beta=float(out.beta[0]),
             location=location,
             forced=force is not None,
+            blocked=sorted(blocked, key=lambda item: -item[1]),
         )
         self._states.append((out.h, out.c, torch.tensor([token], device=self.device)))
         self.steps.append(view)
