@@ -307,3 +307,16 @@ def test_cli_refuses_search_errors_for_sampled_hard_captions(checkpoint, world_d
     assert main(argv) == (2 if hard else 0)
     assert ("hard_mode expect" in capsys.readouterr().err) == hard
     assert (tmp_path / "m.json").exists() != hard
+
+
+@pytest.mark.parametrize("rule", [None, True])
+def test_bf16_agreement_counts_the_images_whose_best_captions_differ(checkpoint, world_data, rule):
+    from sat_core.bench import run_agreement
+    root, path, _ = world_data
+    figures = run_agreement(str(checkpoint), str(path), str(root), "test", 2, 8, torch.device("cpu"),
+                            one_mention_per_kind=rule)
+    assert figures["images"] == N_TEST and figures["beam"] == 2
+    assert figures["one_mention_per_kind"] is bool(rule)  # None: the checkpoint's (no metrics: off)
+    assert 0.0 <= figures["same_best_caption"] <= 1.0
+    assert len(figures["differing"]) == round((1 - figures["same_best_caption"]) * N_TEST)
+    assert figures["bleu4_delta"] == pytest.approx(figures["bleu4_bf16"] - figures["bleu4_fp32"])
