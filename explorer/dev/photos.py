@@ -1,9 +1,9 @@
 """What the shipped models say about real photos: scikit-image's sample photos, one table.
 
-    python -m explorer.dev.photos [--checkpoints checkpoints/scenes_soft checkpoints/scenes_hard] [--beam 3]
+    python -m explorer.dev.photos [--checkpoints checkpoints/scenes_soft checkpoints/scenes_hard] [--beam N]
 
 Prints a Markdown table: each photo, what it shows, each checkpoint's best caption (beam search with
-the length normalisation it was evaluated with, as in the explorer; the checkpoint's own
+the beam, length normalisation and one-mention-per-kind rule it was evaluated with, as in the explorer; the checkpoint's own
 preprocessing) and whether the out-of-domain check would warn (the colour statistics and the encoder's
 mean annotations of the checkpoint's training images, stored in it; "encoder 2.3×": how many times
 farther the photo lies from its nearest training image than the loneliest training image from the rest). The photos ship with scikit-image, so the
@@ -45,7 +45,7 @@ def photo(name: str) -> Image.Image:
     return Image.fromarray(np.asarray(pixels)).convert("RGB")
 
 
-def table(checkpoints: list[Path], folder: Path, beam: int) -> str:
+def table(checkpoints: list[Path], folder: Path, beam: int | None = None) -> str:
     sources = []
     for name in PHOTOS:
         path = folder / f"{name}.png"
@@ -54,7 +54,8 @@ def table(checkpoints: list[Path], folder: Path, beam: int) -> str:
     columns = {}
     for ckpt in checkpoints:
         loaded = load_checkpoint(ckpt)
-        cfg = dataclasses.replace(loaded.decode_defaults(), beam_size=beam, max_len=20)  # as the explorer decodes
+        cfg = dataclasses.replace(loaded.decode_defaults(), max_len=20)  # as the explorer decodes
+        cfg = cfg if beam is None else dataclasses.replace(cfg, beam_size=beam)
         results, failed = caption_files(loaded, sources, cfg)
         if failed:
             raise SystemExit(f"{ckpt}: {failed}")
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m explorer.dev.photos", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoints", nargs="+", type=Path,
                         default=[REPO_ROOT / "checkpoints" / n for n in ("scenes_soft", "scenes_hard")])
-    parser.add_argument("--beam", type=int, default=3)
+    parser.add_argument("--beam", type=int, default=None,
+                        help="beam size (default: each checkpoint's own, as the explorer decodes)")
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "sat-explorer-photos",
                         help="folder the photos are written to (default: a folder in the system's temp dir)")
     args = parser.parse_args(argv)
