@@ -476,7 +476,7 @@ def test_a_decode_session_follows_the_same_rule_and_hides_the_blocked_word():
     assert session.words == ["two", "dogs", "and", "a", "cat"]
     assert "dog" not in steps[4].top_words and steps[4].top_words[0] == "cat"
     assert [w for w, _ in steps[4].blocked] == ["dog"] and steps[4].blocked[0][1] > 0.8  # what the model wanted
-    assert all(not s.blocked for s in steps[:4])
+    assert all(p < 1e-9 for s in steps[:4] for _, p in s.blocked)  # at most words tied far below the chain
     assert session.words == beam_search(model, _images(1), vocab, dataclasses.replace(cfg, beam_size=1))[0][0].words
 
 
