@@ -182,6 +182,9 @@ class ModelConfig(Config):
     init_cells: int = option(0, "0: f_init,h and f_init,c read the mean annotation (the paper); G > 0: they read "
                              "LayerNorm(Σ_i ReLU(W a_i + b)), a G-wide layer applied to each cell before the sum, "
                              "so the initial state can count objects (a mean of annotations cannot)", low=0)
+    count_head: int = option(0, "with --init-cells: a head on the counting state predicts how many objects "
+                             "(0–4) of each of N categories the scene holds, trained with --count-lambda "
+                             "(scenes world; set from its categories); 0: none", low=0, derived=True)
     vocab_size: int = option(0, "K, set from the vocabulary", low=0, derived=True)
     embed_dim: int = option(64, "m, word embedding size", low=1)
     hidden_dim: int = option(256, "n, LSTM size", low=1)
@@ -219,6 +222,8 @@ class ModelConfig(Config):
         if self.shallow and (self.encoder != "efficientnet_lite0" or self.multiscale or self.coarse):
             raise SatError("shallow (80-wide stride-16) annotations need --encoder efficientnet_lite0 without "
                            "--multiscale or --coarse; drop --shallow or those.")
+        if self.count_head and not self.init_cells:
+            raise SatError("--count-lambda trains a head on the counting state: it needs --init-cells G > 0.")
         if self.tune_blocks and (self.encoder != "efficientnet_lite0" or self.multiscale or self.coarse
                                  or self.finetune_encoder or self.tune_blocks > (7 if self.shallow else 10)):
             raise SatError(f"--tune-blocks {self.tune_blocks}: trains 1 to 10 (7 with --shallow) of "
@@ -271,6 +276,10 @@ class OptimConfig(Config):
     """The objective's weights, the optimizer and the schedule."""
 
     dsa_lambda: float = option(1.0, "λ of the doubly stochastic penalty (soft attention)", low=0.0)
+    count_lambda: float = option(0.0, "weight of the counting state's own loss: −log p of how many objects (0–4) "
+                                 "of each category the scene holds, summed over categories, per image, read "
+                                 "from the summed cells (--init-cells; scenes world); 0: captions alone teach "
+                                 "it to count", low=0.0)
     optimizer: str = option("adam", "optimizer", choices=("adam", "rmsprop"))
     lr: float = option(1e-3, "learning rate", low=0.0)
     lr_schedule: str = option("constant", "constant: --lr throughout | cosine: from --lr down to --lr-final × --lr "

@@ -148,3 +148,14 @@ ACTIONS: dict[str, tuple[str, ...]] = {
 def all_codes() -> list[str]:
     """Every emoji code point the world draws, sorted (what scenes_assets vendors)."""
     return sorted({v.code for c in CATEGORIES.values() for v in c.variants})
+
+
+COUNTED = sorted(CATEGORIES)  # the categories a count head predicts, in this order
+
+
+def category_counts(objects: list[dict]) -> list[int]:
+    """How many objects of each of ``COUNTED`` a scene holds, 4 for four or more: a count head's targets."""
+    counts = [0] * len(COUNTED)
+    for o in objects:
+        counts[COUNTED.index(o["category"])] += 1
+    return [min(n, 4) for n in counts]

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from sat_core import checkpoint as ckpt
 from sat_core import cli
@@ -36,6 +37,7 @@ from sat_core.losses import MovingBaseline, caption_loss
 from sat_core.models.captioner import Captioner
 from sat_core.models.encoder import FEATURE_DIMS, Annotations, load_torchvision_weights
 from sat_core.precision import autocast, resolve
+from sat_core.scenes_catalog import COUNTED, category_counts
 from sat_core.vocab import Vocab
 
 STATE_TENSORS, STATE_JSON = "state.safetensors", "state.json"
@@ -64,7 +66,9 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
         feature_dim = 80  # the end of its first stride-16 stage
     # efficientnet_lite0's ImageNet weights always come with it (pip): a frozen random net is useless
     pretrained = m.pretrained or bool(cfg.encoder_weights) or m.encoder == "efficientnet_lite0"
-    return dataclasses.replace(m, feature_dim=feature_dim, vocab_size=vocab_size, pretrained=pretrained)
+    count_head = len(COUNTED) if cfg.optim.count_lambda else 0
+    return dataclasses.replace(m, feature_dim=feature_dim, vocab_size=vocab_size, pretrained=pretrained,
+                               count_head=count_head)
 
 
 def preprocess_config(cfg: TrainConfig) -> PreprocessConfig:
@@ -199,6 +203,7 @@ class Trainer:
         self.loader = make_loader(self.train_set, cfg.data.batch_size, shuffle=True, seed=cfg.seed,
                                   num_replicas=self.world, rank=self.rank, by_image=cfg.data.batching == "image")
         self.val_images = EvalImages(self.data, cfg.data.val_split, store, batch_size=64)
+        self.count_targets = self._count_targets() if cfg.optim.count_lambda else None  # (N_images, C)
         # Kept in every checkpoint: the explorer's out-of-domain check and the error labels' word kinds.
         self.reference_images = domain_images(self.data) if self.main_process else []
         self.training_stats = (training_statistics(self.data, images=self.reference_images)
@@ -207,6 +212,18 @@ class Trainer:
         self.annotation_step = -1
         if cfg.data.val_images:
             self.val_images.image_ids = self.val_images.image_ids[: cfg.data.val_images]
+
+    def _count_targets(self) -> torch.Tensor:
+        """How many of each category every training image holds (0–4): the count head's targets."""
+        rows = []
+        for i, image in enumerate(self.data.images):
+            objects = image.objects or []
+            if image.split == "train" and not (objects and all(o.get("category") in COUNTED for o in objects)):
+                raise SatError(f"--count-lambda needs the scenes world's objects (a category from "
+                               f"sat_core.scenes_catalog for each), and training image {image.path.name} has "
+                               "none; drop --count-lambda or train on a scenes world.")
+            rows.append(category_counts(objects) if image.split == "train" else [0] * len(COUNTED))
+        return torch.tensor(rows, dtype=torch.long)
 
     def _build_model(self) -> None:
         cfg = self.cfg
@@ -317,7 +334,7 @@ class Trainer:
         cfg, model = self.cfg, self.train_model
         model.train()
         self.loader.batch_sampler.set_epoch(self.epoch)
-        totals = {"loss": 0.0, "nll": 0.0, "dsa": 0.0, "reinforce": 0.0, "entropy": 0.0}
+        totals = {"loss": 0.0, "nll": 0.0, "dsa": 0.0, "reinforce": 0.0, "entropy": 0.0, "count": 0.0}
         batches, captions, started = 0, 0, time.perf_counter()
         for i, batch in enumerate(self._progress(self._batches())):
             if i < self.batch_in_epoch:
@@ -353,10 +370,16 @@ class Trainer:
                 out = self.train_model(images, batch.captions, image_index=batch.image_index)
             parts = caption_loss(out, batch.captions[:, 1:], dsa_lambda=self._dsa_lambda(),
                                  hard=cfg.model.hard if self.model.hard else None, baseline=self.baseline)
-        if not torch.isfinite(parts.total):
-            raise self._non_finite("loss", float(parts.total.detach()), batch)
+        total, count = parts.total, 0.0
+        if out.counts is not None:  # the counting state's own loss: −log p(the scene's counts), per image
+            targets = self.count_targets[batch.image_ids].to(self.device)  # (U, C)
+            count_loss = F.cross_entropy(out.counts.reshape(-1, out.counts.shape[-1]), targets.reshape(-1),
+                                         reduction="sum") / targets.shape[0]
+            total, count = total + cfg.optim.count_lambda * count_loss, float(count_loss.detach())
+        if not torch.isfinite(total):
+            raise self._non_finite("loss", float(total.detach()), batch)
         self.optimizer.zero_grad(set_to_none=True)
-        parts.total.backward()
+        total.backward()
         self.lr = self._rate()
         self._set_lr(self.lr)
         # A finite loss can still have inf/NaN gradients; stepping on them would poison the weights
@@ -365,8 +388,8 @@ class Trainer:
         if not torch.isfinite(norm):
             raise self._non_finite("gradient norm", float(norm), batch)
         self.optimizer.step()
-        return {"loss": float(parts.total.detach()), "nll": parts.nll, "dsa": parts.dsa,
-                "reinforce": parts.reinforce, "entropy": parts.entropy}
+        return {"loss": float(total.detach()), "nll": parts.nll, "dsa": parts.dsa,
+                "reinforce": parts.reinforce, "entropy": parts.entropy, "count": count}
 
     def _non_finite(self, what: str, value: float, batch) -> SatError:
         return SatError(
@@ -633,6 +656,8 @@ def _console_line(record: dict[str, Any], cfg: TrainConfig, samples: list[tuple[
                 f"{cfg.optim.max_minutes:g} ({record['minutes']:.1f} min spent)")
     v = record["val"]
     terms = f"nll {record['nll']:.3f}  dsa {record['dsa']:.3f}  reinforce {record['reinforce']:.3f}  entropy {record['entropy']:.3f}"
+    if cfg.optim.count_lambda:
+        terms += f"  count {record.get('count', 0.0):.3f}"
     lines = [f"epoch {record['epoch']}: loss {record['loss']:.3f} ({terms})  {record['captions_per_s']:.0f} captions/s "
              f"({record['precision']}, lr {record.get('lr', cfg.optim.lr):.2g})  "
              f"val BLEU-4 {v.get('BLEU-4', 0):.4f}  CIDEr {v.get('CIDEr', 0):.3f}  "

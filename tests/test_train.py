@@ -419,3 +419,42 @@ def test_train_images_trains_on_the_first_images_and_refuses_more_than_there_are
     assert "train 4 images (20 captions)" in capsys.readouterr().out
     err = _fails(train_args(data, images, tmp_path / "run2", "--train-images", "7"), capsys)
     assert "has 6 train images, fewer than the 7 asked for" in err and "at most 6" in err
+
+
+def test_category_counts_follow_the_catalogue_and_stop_at_four():
+    from sat_core.scenes_catalog import COUNTED, category_counts
+    objects = [{"category": "dog"}] * 6 + [{"category": "cat"}]
+    counts = category_counts(objects)
+    assert len(counts) == len(COUNTED) and sum(counts) == 5
+    assert counts[COUNTED.index("dog")] == 4 and counts[COUNTED.index("cat")] == 1
+
+
+def test_a_count_head_needs_the_counting_state():
+    from sat_core.config import ModelConfig
+    from sat_core.errors import SatError
+    with pytest.raises(SatError, match="--init-cells"):
+        ModelConfig(count_head=3, init_cells=0)
+
+
+def test_count_lambda_trains_a_head_that_learns_the_scenes_counts(tmp_path, capsys):
+    """--count-lambda on a tiny scenes world: the head is built, saved, trained (its loss falls), and
+    the checkpoint still decodes; on the shapes world it is refused with a message."""
+    from sat_core import world
+    from sat_core.scenes_catalog import COUNTED
+    data = world.generate(tmp_path / "scenes", 12, 2, 0, seed=5, workers=1, kind="scenes")
+    run = tmp_path / "run"
+    flags = ["--init-cells", "8", "--count-lambda", "0.2", "--epochs", "6", "--lr", "1e-2", "--patience", "0",
+             "--allow-random-encoder"]
+    assert train.main(train_args(data, tmp_path / "scenes", run, *flags)) == 0
+    config = json.loads((run / "last" / "config.json").read_text())
+    assert config["model"]["count_head"] == len(COUNTED)
+    weights = read_tensors(run / "last" / ckpt.WEIGHTS_FILE)[0]
+    assert tuple(weights["decoder.count_head.weight"].shape) == (len(COUNTED) * 5, 8)
+    epochs = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if "count" in r]
+    assert len(epochs) == 6 and epochs[-1]["count"] < 0.5 * epochs[0]["count"]
+    loaded = ckpt.load_checkpoint(run / "last")
+    images = torch.rand(2, 3, 32, 32)
+    assert len(beam_search(loaded.model, images, loaded.vocab, DecodeConfig(beam_size=2, max_len=5))) == 2
+    shapes, _ = make_dataset(tmp_path / "shapes")
+    assert train.main(train_args(shapes, tmp_path / "shapes" / "world", tmp_path / "run2", *flags)) == 2
+    assert "--count-lambda needs the scenes world's objects" in capsys.readouterr().err

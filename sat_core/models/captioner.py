@@ -20,6 +20,7 @@ class TeacherForced:
     betas: torch.Tensor  # (B, T)
     log_p_loc: torch.Tensor  # (B, T) log p(s_t | a) of sampled locations (hard), else 0
     sampled: torch.Tensor  # (B,) bool: rows trained with sampled locations (hard attention)
+    counts: torch.Tensor | None = None  # (U, N, 5) the count head's logits per image, in training
 
 
 class Captioner(nn.Module):
@@ -84,7 +85,8 @@ class Captioner(nn.Module):
         )  # (B, T, V), (B, T, L), (B, T), (B, T)
         if sample is None:
             sample = torch.zeros(B, dtype=torch.bool, device=captions.device)
-        return TeacherForced(logits, alphas, betas, log_p, sample)
+        counts = self.decoder.count_logits(feats) if self.training and self.decoder.count_head is not None else None
+        return TeacherForced(logits, alphas, betas, log_p, sample, counts)
 
 
 def _grouped(image_index: torch.Tensor, n_images: int) -> bool:

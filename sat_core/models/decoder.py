@@ -17,6 +17,7 @@ from torch import nn
 
 from sat_core import native
 from sat_core.config import ModelConfig
+from sat_core.errors import SatError
 from sat_core.models.attention import AttentionMLP, attend
 from sat_core.precision import compute_dtype
 
@@ -67,6 +68,9 @@ class CellSum(nn.Module):
         return self.norm(self.layer(feats).float().sum(dim=1))
 
 
+MAX_COUNT_CLASSES = 5  # a count head's classes: 0, 1, 2, 3, 4 or more objects of a category
+
+
 class Decoder(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -79,6 +83,8 @@ class Decoder(nn.Module):
         G = config.init_cells
         # With init_cells, f_init reads a sum of per-cell detectors (how many of each), not the mean.
         self.init_cells = CellSum(D, G) if G else None
+        # The counting state's own head: how many (0–4) of each category (config.count_head), for its loss.
+        self.count_head = nn.Linear(G, config.count_head * MAX_COUNT_CLASSES) if config.count_head else None
         self.init_h = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,h
         self.init_c = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,c
         self.attention = AttentionMLP(D, n, config.attn_dim, config.attention_activation)  # f_att
@@ -102,6 +108,13 @@ class Decoder(nn.Module):
         proj = self.attention.project(feats)  # (B, L, A) fp32
         prep = Prepared(feats.to(compute_dtype(feats)), proj)
         return prep, self.init_h(summary).float(), self.init_c(summary).float()
+
+    def count_logits(self, feats: torch.Tensor) -> torch.Tensor:
+        """The count head's logits (B, N, 5) over annotations (B, L, D): how many of each category."""
+        if self.count_head is None:
+            raise SatError("This model has no count head (ModelConfig.count_head = 0).")
+        logits = self.count_head(self.init_input(feats)).float()  # (B, N·5)
+        return logits.view(feats.shape[0], -1, MAX_COUNT_CLASSES)
 
     def init_input(self, feats: torch.Tensor) -> torch.Tensor:
         """What f_init,h and f_init,c read: the mean annotation (B, D), or with ``init_cells``
