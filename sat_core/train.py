@@ -216,7 +216,7 @@ class Trainer:
     def _count_targets(self) -> torch.Tensor:
         """How many of each category every training image holds (0–4): the count head's targets."""
         rows = []
-        for i, image in enumerate(self.data.images):
+        for image in self.data.images:
             objects = image.objects or []
             if image.split == "train" and not (objects and all(o.get("category") in COUNTED for o in objects)):
                 raise SatError(f"--count-lambda needs the scenes world's objects (a category from "
