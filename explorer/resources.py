@@ -20,7 +20,7 @@ import streamlit as st
 from sat_core.checkpoint import CARD_FILE, CONFIG_FILE, LoadedCheckpoint, load_checkpoint
 from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.data import ImageRecord, KarpathyData, load_karpathy
-from sat_core.decoding import Hypothesis, Intervention, beam_search, sample_hard, sample_locations, score_caption
+from sat_core.decoding import Hypothesis, Intervention, beam_search, sample_locations, score_caption
 from sat_core.domain import DomainCheck, DomainReference, mean_annotations
 from sat_core.errors import DatasetError, SatError
 from sat_core.evaluate import read_records
@@ -229,13 +229,6 @@ def caption_samples(ckpt: str, image_key: str, caption: str, n: int, seed: int, 
                     _tensor: Any):
     """N seeded hard-attention location sequences along ``caption``."""
     return sample_locations(_loaded.model, _loaded.vocab, _tensor, caption, n, seed=seed)
-
-
-@st.cache_data(max_entries=32, ttl=3600, show_spinner="Sampling locations…")
-def samples(ckpt: str, image_key: str, n: int, seed: int, max_len: int, _loaded: LoadedCheckpoint,
-            _tensor: Any) -> list[Hypothesis]:
-    cfg = DecodeConfig(beam_size=1, max_len=max_len)
-    return sample_hard(_loaded.model, _loaded.vocab, _tensor, n, seed=seed, cfg=cfg)
 
 
 def _records_cache(ckpt: str, source: DataSource, cfg: DecodeConfig) -> Path:
