@@ -65,7 +65,9 @@ class Captioner(nn.Module):
         """
         if feats is None:
             feats = self.encode(images).feats  # (U, L, D)
-        prep, h, c = self.decoder.prepare(feats)  # per unique image: (U, L, A), (U, n)
+        counting = self.training and self.decoder.count_head is not None
+        summary = self.decoder.init_input(feats) if counting else None  # (U, G), shared with the count head
+        prep, h, c = self.decoder.prepare(feats, summary)  # per unique image: (U, L, A), (U, n)
         if image_index is not None:
             if _grouped(image_index, feats.shape[0]):
                 # k adjacent captions per image (--batching image): the decoder reads each image's
@@ -85,7 +87,7 @@ class Captioner(nn.Module):
         )  # (B, T, V), (B, T, L), (B, T), (B, T)
         if sample is None:
             sample = torch.zeros(B, dtype=torch.bool, device=captions.device)
-        counts = self.decoder.count_logits(feats) if self.training and self.decoder.count_head is not None else None
+        counts = self.decoder.count_logits(summary) if counting else None
         return TeacherForced(logits, alphas, betas, log_p, sample, counts)
 
 

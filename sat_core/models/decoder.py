@@ -97,24 +97,27 @@ class Decoder(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.L_o = nn.Linear(m if self.deep_output else n, K)
 
-    def prepare(self, feats: torch.Tensor) -> tuple[Prepared, torch.Tensor, torch.Tensor]:
+    def prepare(self, feats: torch.Tensor, summary: torch.Tensor | None = None
+                ) -> tuple[Prepared, torch.Tensor, torch.Tensor]:
         """Projections for attention and the initial state (h_0, c_0) (B, n) from the mean annotation
-        (or, with ``init_cells``, from the normalised sum of a per-cell layer).
+        (or, with ``init_cells``, from the normalised sum of a per-cell layer); ``summary``: that input,
+        when the caller has computed it already (``init_input``).
 
         Under bf16 autocast the annotations are cast here, once per image, for the context products;
         the projection and (h_0, c_0) stay fp32.
         """
-        summary = self.init_input(feats)  # (B, D) or (B, G)
+        summary = self.init_input(feats) if summary is None else summary  # (B, D) or (B, G)
         proj = self.attention.project(feats)  # (B, L, A) fp32
         prep = Prepared(feats.to(compute_dtype(feats)), proj)
         return prep, self.init_h(summary).float(), self.init_c(summary).float()
 
-    def count_logits(self, feats: torch.Tensor) -> torch.Tensor:
-        """The count head's logits (B, N, 5) over annotations (B, L, D): how many of each category."""
+    def count_logits(self, summary: torch.Tensor) -> torch.Tensor:
+        """The count head's logits (B, N, 5) from the counting state's input (B, G) (``init_input``):
+        how many of each category."""
         if self.count_head is None:
             raise SatError("This model has no count head (ModelConfig.count_head = 0).")
-        logits = self.count_head(self.init_input(feats)).float()  # (B, N·5)
-        return logits.view(feats.shape[0], -1, MAX_COUNT_CLASSES)
+        logits = self.count_head(summary).float()  # (B, N·5)
+        return logits.view(summary.shape[0], -1, MAX_COUNT_CLASSES)
 
     def init_input(self, feats: torch.Tensor) -> torch.Tensor:
         """What f_init,h and f_init,c read: the mean annotation (B, D), or with ``init_cells``
