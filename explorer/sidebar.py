@@ -58,7 +58,7 @@ def _checkpoint_ui(settings: ServerSettings) -> tuple[dict[str, str], str | None
 
 def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
     st.sidebar.subheader("Decoding")
-    if loaded is not None:  # the length normalisation the checkpoint's figures were measured with
+    if loaded is not None:  # the decoding the checkpoint's figures were measured with
         state.follow_checkpoint(name, {"beam": loaded.beam_size, "lnorm": loaded.length_norm,
                                        "kinds": loaded.one_mention_per_kind})
     for key, low, high in (("beam", 1, 10), ("maxlen", 3, 40), ("lnorm", 0.0, 1.0)):

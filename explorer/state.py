@@ -25,7 +25,8 @@ from explorer.settings import ServerSettings
 _BOOL = {"1": True, "true": True, "0": False, "false": False}
 URL_WIDGETS: dict[str, Callable[[str], Any]] = {
     "ckpt": str, "cmp_soft": str, "cmp_hard": str, "source": str, "scene": int, "beam": int, "maxlen": int,
-    "lnorm": float, "kinds": lambda v: _BOOL[v.lower()], "hard_mode": str, "seed": int, "method": str, "sigma": float, "norm": str, "opacity": float,
+    "lnorm": float, "kinds": lambda v: _BOOL[v.lower()], "hard_mode": str, "seed": int, "method": str,
+    "sigma": float, "norm": str, "opacity": float,
     "cmap": str, "coverage": lambda v: _BOOL[v.lower()], "masks": lambda v: _BOOL[v.lower()],
     "cmp_source": str, "cmp_ref": int, "cmp_text": str, "cmp_step": int, "cmp_seed": int, "cmp_n": int,
     "score_ref": str, "score_text": str,
@@ -45,8 +46,8 @@ DEFAULTS: dict[str, Any] = {
     "cmp_source": "soft", "cmp_step": 1, "cmp_seed": 0, "cmp_n": 5, "ew_mode": "exclude",
 }
 STEP, FORCED = "step", "forced"  # plain state of the step-through view
-# Widget defaults that come from the selected checkpoint (its evaluation's length normalisation and
-# one-mention-per-kind rule), with the checkpoint they came from: {"for": name, "lnorm": 1.0, "kinds": True}.
+# Widget defaults that come from the selected checkpoint (its evaluation's beam, length normalisation and
+# one-mention-per-kind rule), with the checkpoint they came from: {"for": name, "beam": 5, "lnorm": 1.0, "kinds": True}.
 CHECKPOINT_DEFAULT = "_checkpoint_default"
 
 
