@@ -6,6 +6,7 @@ module restructuring): the same scenes, the same settings, the same tokens must 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -53,3 +54,20 @@ def test_shipped_checkpoint_gives_the_recorded_captions(name, images):
     assert [s.token for s in session.steps] == golden["session_first"]
     scored = score_caption(loaded.model, loaded.vocab, tensors[0], "a red square", precision="fp32")
     assert scored.logprobs.tolist() == pytest.approx(golden["score_first"], abs=2e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["scenes_soft", "scenes_hard"])
+def test_shipped_scenes_models_caption_alike_on_cuda_and_cpu(name, tmp_path):
+    """The EfficientNet encoder, the count head's model and the one-mention rule on the GPU, in fp32."""
+    folder = tmp_path / "w"
+    generate(folder, 0, 0, 4, seed=7, workers=1, kind="scenes")
+    data = load_karpathy(folder / "dataset.json", folder)
+    loaded = load_checkpoint(ROOT / "checkpoints" / name)
+    cfg = dataclasses.replace(loaded.decode_defaults(), max_len=20, precision="fp32")
+    tensors = torch.stack([preprocess(Image.open(r.path).convert("RGB"), loaded.preprocess)[0] for r in data.images])
+    cpu = beam_search(loaded.model, tensors, loaded.vocab, cfg)
+    gpu = beam_search(loaded.model.cuda(), tensors.cuda(), loaded.vocab, cfg)
+    assert [h[0].tokens for h in gpu] == [h[0].tokens for h in cpu]
+    assert [h[0].logprob for h in gpu] == pytest.approx([h[0].logprob for h in cpu], abs=1e-3)
+    assert all(len(h[0].tokens) >= 3 for h in gpu)
