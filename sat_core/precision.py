@@ -7,7 +7,8 @@ project's machines, bf16 products ran 2.4× faster than fp32 on an AMD EPYC (Zen
 (slower) on an Intel Xeon whose hypervisor hides AMX, where oneDNN falls back to AVX512-BF16
 instructions that do no more multiply-adds per cycle than fp32 FMAs. A timing probe was tried instead
 of the vendor rule and dropped: under load its ratio swung from 0.4 to 1.9 between processes, and
-``auto`` must not change the arithmetic between two runs on one machine.
+``auto`` must not change the arithmetic between two runs on one machine. ``fp32`` on a GPU is fp32:
+TF32 is off inside the block.
 Inside ``autocast`` the matrix products run in bf16; the recurrent state (h, c), softmaxes, the loss
 and the optimizer's master weights stay fp32 (the decoder and losses cast back explicitly).
 
@@ -106,9 +107,28 @@ def autocast(device: torch.device | str, precision: str = "auto", *, cache: bool
     if resolved == "bf16":
         with torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache):
             yield resolved
+    elif device.type == "cuda":
+        with torch.autocast("cuda", enabled=False), strict_fp32():
+            yield resolved
     else:
         with torch.autocast(device.type, enabled=False):
             yield resolved
+
+
+@contextlib.contextmanager
+def strict_fp32() -> Iterator[None]:
+    """Turn off TF32 (10-bit mantissa products) in cuDNN's convolutions and cuBLAS for the block.
+
+    PyTorch lets cuDNN use TF32 by default, so an "fp32" encoder pass on a GPU is not fp32: measured on
+    an H200, a shipped scenes model's caption log-probabilities then differed from the CPU's by up to
+    1.6·10⁻³. The flags are process-wide; they are restored on exit.
+    """
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:

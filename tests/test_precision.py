@@ -64,6 +64,28 @@ def test_autocast_switches_matrix_products_only():
         assert used == "fp32" and (x @ w).dtype == torch.float32
 
 
+def test_strict_fp32_turns_tf32_off_inside_the_block_and_restores_it():
+    backends = torch.backends
+    saved = backends.cudnn.allow_tf32, backends.cuda.matmul.allow_tf32
+    try:
+        backends.cudnn.allow_tf32 = backends.cuda.matmul.allow_tf32 = True
+        with precision.strict_fp32():
+            assert (backends.cudnn.allow_tf32, backends.cuda.matmul.allow_tf32) == (False, False)
+        assert (backends.cudnn.allow_tf32, backends.cuda.matmul.allow_tf32) == (True, True)
+        with pytest.raises(RuntimeError), precision.strict_fp32():
+            raise RuntimeError("inside")
+        assert (backends.cudnn.allow_tf32, backends.cuda.matmul.allow_tf32) == (True, True)
+    finally:
+        backends.cudnn.allow_tf32, backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fp32_on_cuda_runs_without_tf32():
+    with precision.autocast("cuda", "fp32") as resolved:
+        assert resolved == "fp32"
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+
+
 def test_old_train_configs_with_amp_still_load():
     assert TrainConfig.from_dict({"amp": True}).precision == "auto"
     assert TrainConfig.from_dict({"amp": False}).precision == "fp32"
