@@ -242,6 +242,9 @@ class DecodeConfig(Config):
     one_mention_per_kind: bool = option(False, "scenes world: name a category again only in another colour "
                                         "(\"two red apples and a green apple\", never \"two dogs and a dog\"), "
                                         "as the world's references do")
+    fp32_ties: float = option(0.005, "bf16 only: the finished captions within this many nats per word of the best are "
+                              "scored again in fp32 and ranked by it (near-ties decide between equally good "
+                              "captions, which bf16's rounding would otherwise pick); 0: off", low=0.0)
     hard_mode: str = option("expect", "hard attention at test time: expectation α or a sampled location",
                             choices=("expect", "sample"))
     seed: int = option(0, "seed of hard_mode=sample", low=0)

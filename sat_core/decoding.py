@@ -252,24 +252,77 @@ def beam_search(
     model.eval()
     device = next(model.parameters()).device
     try:
-        with autocast(device, cfg.precision):
-            ends, trace, grid = _search(model, inputs, device, vocab, cfg, intervention, generator)
+        with autocast(device, cfg.precision) as precision:
+            feats, grid = _encode(model, inputs, device)  # (B, L, D)
+            ends, trace = _search(model, feats, device, vocab, cfg, intervention, generator)
+        arrays = trace.to_numpy()
+        results = []
+        for per_image in ends:
+            hyps = [_hypothesis(e, trace, arrays, vocab, grid, cfg.length_norm) for e in per_image]
+            hyps.sort(key=_rank)
+            results.append(hyps[:K])
+        if precision == "bf16" and cfg.fp32_ties > 0 and not (model.hard and cfg.hard_mode == "sample"):
+            _settle_ties_in_fp32(model, vocab, feats, results, cfg, intervention)
     finally:
         if was_training:
             model.train()
-    arrays = trace.to_numpy()
-    results = []
-    for per_image in ends:
-        hyps = [_hypothesis(e, trace, arrays, vocab, grid, cfg.length_norm) for e in per_image]
-        hyps.sort(key=lambda hyp: (not hyp.finished, -hyp.score))
-        results.append(hyps[:K])
     return results
 
 
-def _search(model, inputs, device, vocab, cfg, intervention, generator):
-    """The beam loop. Rows are numbered afresh at every step; ``trace`` links them back."""
+def _rank(hyp: Hypothesis) -> tuple[bool, float]:
+    return not hyp.finished, -hyp.score
+
+
+@torch.no_grad()
+def _settle_ties_in_fp32(model: Captioner, vocab: Vocab, feats: torch.Tensor, results: list[list[Hypothesis]],
+                         cfg: DecodeConfig, intervention: Intervention | None) -> None:
+    """Score again in fp32 each image's finished hypotheses that bf16 put within ``cfg.fp32_ties`` nats per
+    word of its best, and rank them by those scores (in place).
+
+    The world's references say the same thing several ways ("a photo of", "we can see"), so an image's
+    best captions are often within 10⁻³ of each other, and bf16's rounding, not the model, picks one.
+    A near-tie is best.score − score ≤ fp32_ties · len(tokens)^(1 − length_norm) (per word at
+    length_norm 1, in summed nats at 0). Teacher forcing over those rows alone, on the same annotations.
+    """
+    picks = []  # (image, hypothesis index)
+    for b, hyps in enumerate(results):
+        if len(hyps) < 2 or not hyps[0].finished:
+            continue
+        best = hyps[0].score
+        near = [i for i, h in enumerate(hyps)
+                if h.finished and best - h.score <= cfg.fp32_ties * len(h.tokens) ** (1 - cfg.length_norm)]
+        if len(near) > 1:
+            picks += [(b, i) for i in near]
+    if not picks:
+        return
+    device = feats.device
+    lengths = [len(results[b][i].tokens) for b, i in picks]
+    T = max(lengths)
+    target = torch.tensor([results[b][i].tokens + [results[b][i].tokens[-1]] * (T - n)
+                           for (b, i), n in zip(picks, lengths)], device=device)  # (R, T), padded with <end>
+    rows = torch.tensor([b for b, _ in picks], device=device)
+    logps = []
+    with autocast(device, "fp32"):
+        prep, h, c = model.decoder.prepare(feats[rows].float())
+        prev = torch.full((len(picks),), vocab.start_id, device=device)
+        for t in range(T):
+            edit = intervention.editor(t, device) if intervention is not None else None
+            out = model.decoder.step(prev, h, c, prep, alpha_edit=edit)
+            h, c = out.h, out.c
+            logps.append(out.logits.float().log_softmax(1).gather(1, target[:, t : t + 1])[:, 0])
+            prev = target[:, t]
+    logp = torch.stack(logps, 1).cpu().numpy()  # (R, T)
+    for (b, i), n, row in zip(picks, lengths, logp):
+        total = float(row[:n].sum())
+        results[b][i] = dataclasses.replace(results[b][i], logprob=total, score=total / n ** cfg.length_norm)
+    for b in {b for b, _ in picks}:
+        results[b].sort(key=_rank)
+
+
+def _search(model, feats, device, vocab, cfg, intervention, generator):
+    """The beam loop over annotations (B, L, D). Rows are numbered afresh at every step; ``trace`` links
+    them back."""
     K = cfg.beam_size
-    feats, grid = _encode(model, inputs, device)  # (B, L, D)
     prep, h, c = model.decoder.prepare(feats)  # (B, L, A), (B, n): one row per image at t = 0
     B, V = feats.shape[0], len(vocab)
     active = np.arange(B)  # the images still decoding, in row order
@@ -320,7 +373,7 @@ def _search(model, inputs, device, vocab, cfg, intervention, generator):
             kinds = guard.advance(kinds, rows_t, tokens)
     else:
         _add_unfinished(ends, active, scores.cpu().numpy(), words, trace, K)
-    return ends, trace, grid
+    return ends, trace
 
 
 def _top_log_probs(model: Captioner, out, banned: list[int], n_top: int) -> tuple[torch.Tensor, torch.Tensor]:

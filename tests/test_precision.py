@@ -7,6 +7,8 @@ in fp32, weights and optimizer state in fp32, the loss in fp32.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -230,3 +232,43 @@ def test_cuda_bf16_training_step_and_decode(vocab, attention):
     assert torch.isfinite(parts.total)
     hyps = beam_search(model, _images(2).cuda(), vocab, DecodeConfig(beam_size=3, precision="auto"))
     assert all(len(h) == 3 for h in hyps)
+
+
+# ---- near-ties settled in fp32 ----------------------------------------------------------------------
+
+def test_near_ties_are_ranked_by_their_fp32_scores(vocab):
+    from sat_core import decoding
+
+    model = _peaked_model(vocab)
+    feats = decoding.encode_images(model, _images(2), precision="fp32")
+    cfg = DecodeConfig(beam_size=3, length_norm=1.0, precision="fp32", fp32_ties=0.05)
+    exact = beam_search(model, feats, vocab, cfg)
+    results = []
+    for hyps in exact:
+        a, b, c = hyps
+        assert a.finished and b.finished and c.finished and a.score > b.score and a.tokens != b.tokens
+        # as if bf16's rounding had put b just above a, and c far below both
+        results.append([dataclasses.replace(b, score=a.score + 1e-4, logprob=0.0),
+                        dataclasses.replace(a, logprob=0.0),
+                        dataclasses.replace(c, score=c.score - 1.0, logprob=-99.0)])
+    decoding._settle_ties_in_fp32(model, vocab, feats.feats, results, cfg, None)
+    for got, want in zip(results, exact):
+        assert [h.tokens for h in got] == [h.tokens for h in want]
+        assert [h.logprob for h in got[:2]] == pytest.approx([h.logprob for h in want[:2]], abs=1e-5)
+        assert got[0].score == pytest.approx(want[0].logprob / len(want[0].tokens), abs=1e-6)
+        assert got[2].logprob == -99.0  # outside the margin: not scored again
+
+
+@pytest.mark.parametrize("precision, ties, hard_mode, settled", [
+    ("bf16", 0.005, "expect", True), ("fp32", 0.005, "expect", False), ("bf16", 0.0, "expect", False),
+    ("bf16", 0.005, "sample", False),
+])
+def test_ties_are_settled_only_for_bf16_searches(vocab, monkeypatch, precision, ties, hard_mode, settled):
+    from sat_core import decoding
+
+    calls = []
+    monkeypatch.setattr(decoding, "_settle_ties_in_fp32", lambda *args: calls.append(args))
+    model = _peaked_model(vocab, attention="hard")
+    cfg = DecodeConfig(beam_size=3, precision=precision, fp32_ties=ties, hard_mode=hard_mode)
+    beam_search(model, _images(2), vocab, cfg)
+    assert len(calls) == int(settled)
