@@ -283,6 +283,8 @@ class OptimConfig(Config):
                                  "of each category the scene holds, summed over categories, per image, read "
                                  "from the summed cells (--init-cells; scenes world); 0: captions alone teach "
                                  "it to count", low=0.0)
+    count_encoder: bool = option(True, "--count-lambda's loss also trains the encoder's tuned blocks (--tune-blocks); "
+                                 "off: only the counting state's layers and its head learn from it")
     optimizer: str = option("adam", "optimizer", choices=("adam", "rmsprop"))
     lr: float = option(1e-3, "learning rate", low=0.0)
     lr_schedule: str = option("constant", "constant: --lr throughout | cosine: from --lr down to --lr-final × --lr "

@@ -362,12 +362,14 @@ class Trainer:
             if self.features is not None:
                 rows = [self.store.row_of[i] for i in batch.image_ids]
                 feats = self._annotations(rows)  # (U, L, D)
-                out = self.train_model(None, batch.captions, feats=feats, image_index=batch.image_index)
+                out = self.train_model(None, batch.captions, feats=feats, image_index=batch.image_index,
+                                       count_encoder=cfg.optim.count_encoder)
             else:
                 images = normalise(batch.images, self.preprocess)  # (U, 3, S, S)
                 if self.device.type == "cuda" and cfg.channels_last:
                     images = images.contiguous(memory_format=torch.channels_last)
-                out = self.train_model(images, batch.captions, image_index=batch.image_index)
+                out = self.train_model(images, batch.captions, image_index=batch.image_index,
+                                       count_encoder=cfg.optim.count_encoder)
             parts = caption_loss(out, batch.captions[:, 1:], dsa_lambda=self._dsa_lambda(),
                                  hard=cfg.model.hard if self.model.hard else None, baseline=self.baseline)
         total, count = parts.total, 0.0

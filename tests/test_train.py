@@ -436,6 +436,21 @@ def test_a_count_head_needs_the_counting_state():
         ModelConfig(count_head=3, init_cells=0)
 
 
+@pytest.mark.parametrize("count_encoder", [True, False])
+def test_the_count_loss_reaches_the_annotations_only_with_count_encoder(count_encoder):
+    from sat_core.models.captioner import Captioner
+    from tests.conftest import tiny_config
+    torch.manual_seed(0)
+    model = Captioner(tiny_config(12, init_cells=8, count_head=3)).train()
+    feats = torch.randn(2, 16, model.config.feature_dim, requires_grad=True)
+    captions = torch.tensor([[1, 4, 5, 2], [1, 6, 2, 0]])
+    out = model(None, captions, feats=feats, count_encoder=count_encoder)
+    out.counts.sum().backward()  # the count head's output alone: no caption loss
+    assert model.decoder.count_head.weight.grad.abs().sum() > 0
+    reached = feats.grad is not None and bool(feats.grad.abs().sum() > 0)
+    assert reached == count_encoder
+
+
 def test_count_lambda_trains_a_head_that_learns_the_scenes_counts(tmp_path, capsys):
     """--count-lambda on a tiny scenes world: the head is built, saved, trained (its loss falls), and
     the checkpoint still decodes; on the shapes world it is refused with a message."""

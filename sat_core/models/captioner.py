@@ -56,12 +56,15 @@ class Captioner(nn.Module):
         feats: torch.Tensor | None = None,
         image_index: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        count_encoder: bool = True,
     ) -> TeacherForced:
         """Teacher forcing over captions (B, T+1) = <start> w_1 … <end> [<pad>…].
 
         ``image_index`` (B,) maps captions to rows of ``images`` so the captions of one image share
         one encoder pass. Hard attention in training mode samples locations for a random half of the
         examples (``mix_soft_prob``) and uses the expectation α for the rest, as in the paper.
+        ``count_encoder`` False: the count head reads the counting state's input computed on detached
+        annotations, so its loss does not reach the encoder.
         """
         if feats is None:
             feats = self.encode(images).feats  # (U, L, D)
@@ -87,6 +90,8 @@ class Captioner(nn.Module):
         )  # (B, T, V), (B, T, L), (B, T), (B, T)
         if sample is None:
             sample = torch.zeros(B, dtype=torch.bool, device=captions.device)
+        if counting and not count_encoder:
+            summary = self.decoder.init_input(feats.detach())
         counts = self.decoder.count_logits(summary) if counting else None
         return TeacherForced(logits, alphas, betas, log_p, sample, counts)
 
