@@ -244,7 +244,8 @@ def beam_search(
     hypotheses, best first: finished ones by length-normalised score, then, if the length cap was hit
     before K finished, the best unfinished ones. Runs on the model's device in ``cfg.precision``
     (autocast is entered once for the whole decode). An image leaves the batch as soon as it is done,
-    so the others run on fewer rows; the first step runs one row per image.
+    so the others run on fewer rows; the first step runs one row per image. In bf16, finished
+    hypotheses within ``cfg.fp32_ties`` of the best are scored again in fp32 and ranked by it.
     """
     cfg = cfg or DecodeConfig()
     K = cfg.beam_size  # DecodeConfig guarantees K ≥ 1 and max_len ≥ 1
