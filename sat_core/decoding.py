@@ -302,17 +302,8 @@ def _settle_ties_in_fp32(model: Captioner, vocab: Vocab, feats: torch.Tensor, re
     target = torch.tensor([results[b][i].tokens + [results[b][i].tokens[-1]] * (T - n)
                            for (b, i), n in zip(picks, lengths)], device=device)  # (R, T), padded with <end>
     rows = torch.tensor([b for b, _ in picks], device=device)
-    logps = []
     with autocast(device, "fp32"):
-        prep, h, c = model.decoder.prepare(feats[rows].float())
-        prev = torch.full((len(picks),), vocab.start_id, device=device)
-        for t in range(T):
-            edit = intervention.editor(t, device) if intervention is not None else None
-            out = model.decoder.step(prev, h, c, prep, alpha_edit=edit)
-            h, c = out.h, out.c
-            logps.append(out.logits.float().log_softmax(1).gather(1, target[:, t : t + 1])[:, 0])
-            prev = target[:, t]
-    logp = torch.stack(logps, 1).cpu().numpy()  # (R, T)
+        logp = _forced_steps(model, vocab, feats[rows].float(), target, intervention=intervention)[0]  # (R, T)
     for (b, i), n, row in zip(picks, lengths, logp):
         total = float(row[:n].sum())
         results[b][i] = dataclasses.replace(results[b][i], logprob=total, score=total / n ** cfg.length_norm)
@@ -708,22 +699,34 @@ def _teacher_force(model: Captioner, vocab: Vocab, image: torch.Tensor, tokens: 
     sample = torch.ones(rows, dtype=torch.bool, device=device) if seed is not None and model.hard else None
     gen = torch.Generator(device).manual_seed(seed) if sample is not None else None
     target = torch.tensor(tokens, device=device).expand(rows, -1)  # (R, T)
-    prev = torch.full((rows,), vocab.start_id, device=device)  # (R,)
-    logps, alphas, betas, locations = [], [], [], []
     with autocast(device, precision):
         feats, grid = _encode(model, _as_batch(image), device)
-        prep, h, c = model.decoder.prepare(feats.expand(rows, -1, -1))  # (R, L, D): rows share the image
-        for t in range(target.shape[1]):
-            edit = intervention.editor(t, device) if intervention is not None else None
-            out = model.decoder.step(prev, h, c, prep, sample=sample, generator=gen, alpha_edit=edit)
-            h, c = out.h, out.c
-            logps.append(_exact_log_probs(model, out, target[:, t : t + 1])[:, 0])  # (R,) exact under bf16 too
-            alphas.append(out.alpha.float())  # (R, L)
-            betas.append(out.beta.float().reshape(rows))
-            locations.append(out.location.reshape(rows))
-            prev = target[:, t]
+        forced = _forced_steps(model, vocab, feats.expand(rows, -1, -1), target, sample=sample, generator=gen,
+                               intervention=intervention)  # rows share the image
+    return (*forced, grid)
+
+
+def _forced_steps(model: Captioner, vocab: Vocab, feats: torch.Tensor, target: torch.Tensor, *,
+                  sample: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                  intervention: Intervention | None = None):
+    """The teacher-forced loop: row r of annotations ``feats`` (R, L, D) reads ``target[r]`` (R, T) from
+    <start>, one ``decoder.step`` per word, in the precision of the caller's autocast.
+    Returns log p (R, T), α (R, T, L), β (R, T), locations (R, T) as numpy arrays."""
+    device, rows = target.device, target.shape[0]
+    prep, h, c = model.decoder.prepare(feats)
+    prev = torch.full((rows,), vocab.start_id, device=device)  # (R,)
+    logps, alphas, betas, locations = [], [], [], []
+    for t in range(target.shape[1]):
+        edit = intervention.editor(t, device) if intervention is not None else None
+        out = model.decoder.step(prev, h, c, prep, sample=sample, generator=generator, alpha_edit=edit)
+        h, c = out.h, out.c
+        logps.append(_exact_log_probs(model, out, target[:, t : t + 1])[:, 0])  # (R,) exact under bf16 too
+        alphas.append(out.alpha.float())  # (R, L)
+        betas.append(out.beta.float().reshape(rows))
+        locations.append(out.location.reshape(rows))
+        prev = target[:, t]
     stack = lambda xs: torch.stack(xs, 1).cpu().numpy()  # noqa: E731  (R, T, …)
-    return stack(logps), stack(alphas), stack(betas), stack(locations), grid
+    return stack(logps), stack(alphas), stack(betas), stack(locations)
 
 
 def score_caption(
