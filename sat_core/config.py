@@ -285,6 +285,10 @@ class OptimConfig(Config):
                                  "it to count", low=0.0)
     count_encoder: bool = option(True, "--count-lambda's loss also trains the encoder's tuned blocks (--tune-blocks); "
                                  "off: only the counting state's layers and its head learn from it")
+    attention_lambda: float = option(0.0, "weight of supervised attention (Liu et al., 2017; not in the paper): "
+                                     "−Σ_i q_ti log α_ti for every caption word linked to objects, q_t the linked "
+                                     "objects' share of each cell; synthetic worlds with masks only; 0: α learns "
+                                     "from the captions alone, as in the paper", low=0.0)
     optimizer: str = option("adam", "optimizer", choices=("adam", "rmsprop"))
     lr: float = option(1e-3, "learning rate", low=0.0)
     lr_schedule: str = option("constant", "constant: --lr throughout | cosine: from --lr down to --lr-final × --lr "

@@ -283,6 +283,7 @@ class CaptionItem(NamedTuple):
     image_index: int
     tokens: torch.Tensor  # (T,) long, <start> … <end>
     image: torch.Tensor  # (3, S, S) uint8
+    key: int = -1  # position in CaptionDataset.captions (sentence_of says which sentence it is)
 
 
 class CaptionDataset(Dataset):
@@ -302,10 +303,12 @@ class CaptionDataset(Dataset):
                 f"check the images folder {data.images_dir}."
             )
         self.captions: list[tuple[int, list[int]]] = []
+        self.sentence_of: list[tuple[int, int]] = []  # (image index, sentence index) of each caption
         for i in self.image_ids:
-            for words in data.images[i].sentences:
+            for k, words in enumerate(data.images[i].sentences):
                 words = words if max_len is None else words[:max_len]
                 self.captions.append((i, vocab.encode(words)))
+                self.sentence_of.append((i, k))
         self.lengths: list[int] = [len(ids) for _, ids in self.captions]
 
     def __len__(self) -> int:
@@ -313,7 +316,7 @@ class CaptionDataset(Dataset):
 
     def __getitem__(self, k: int) -> CaptionItem:
         index, ids = self.captions[k]
-        return CaptionItem(index, torch.tensor(ids, dtype=torch.long), self.store.get(index))
+        return CaptionItem(index, torch.tensor(ids, dtype=torch.long), self.store.get(index), k)
 
     def references(self, image_index: int) -> list[list[str]]:
         """All captions of an image as lowercased tokens (for BLEU/CIDEr)."""
@@ -444,11 +447,12 @@ class Batch:
     captions: torch.Tensor  # (B, T) long, <start> … <end>
     lengths: torch.Tensor  # (B,) long
     image_ids: list[int]  # (U,) dataset image index of each row of ``images``
+    keys: list[int] = field(default_factory=list)  # (B,) each caption's CaptionItem.key
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> "Batch":
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
         return Batch(move(self.images), move(self.image_index), move(self.captions), move(self.lengths),
-                     list(self.image_ids))
+                     list(self.image_ids), list(self.keys))
 
 
 def collate(items: Sequence[CaptionItem]) -> Batch:
@@ -469,6 +473,7 @@ def collate(items: Sequence[CaptionItem]) -> Batch:
         captions=captions,
         lengths=lengths,
         image_ids=list(rows),
+        keys=[item.key for item in items],
     )
 
 

@@ -246,6 +246,11 @@ def _crop_geometry(size: tuple[int, int], image_size: int, crop: float = 1.0) ->
     return CropInfo(left, top, left + side, top + side, image_size / side, (width, height), image_size)
 
 
+def crop_info(size: tuple[int, int], cfg: PreprocessConfig) -> CropInfo:
+    """Where ``preprocess`` crops an image of ``size`` (W, H), without the image (an object mask's size)."""
+    return _crop_geometry(size, cfg.image_size, cfg.crop)
+
+
 def crop_for_display(image: Image.Image, cfg: PreprocessConfig) -> Image.Image:
     """The S×S RGB image the encoder sees (same geometry and resampling as ``preprocess``)."""
     return _resized_crop(image, cfg)[0]

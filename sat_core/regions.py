@@ -1,17 +1,23 @@
 """Regions on the encoder's grid: rectangles of cells, object masks cut to the crop the encoder saw.
 
-Used by evaluation (attention correctness) and by the explorer (interventions, mask outlines).
+Used by evaluation (attention correctness), by training (supervised attention's targets) and by the
+explorer (interventions, mask outlines).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import torch
 
+from sat_core.config import PreprocessConfig
 from sat_core.errors import DatasetError, SatError
 from sat_core.grounding import attention_correctness
-from sat_core.images import CropInfo
+from sat_core.images import CropInfo, crop_info
+from sat_core.world import rle_decode
 
 _GRID_CELL = 8  # px per grid cell when a mask has to be resampled to tile the α grid
 
@@ -49,12 +55,64 @@ def mask_on_alpha_grid(mask: np.ndarray, crop: CropInfo, grid: tuple[int, int]) 
     return cut[rows][:, cols]  # (gh·cell, gw·cell), nearest neighbour
 
 
-def mask_on_grid(mask: np.ndarray, crop: CropInfo, grid: tuple[int, int], *, min_cover: float = 0.25) -> np.ndarray:
-    """Bool (gh, gw): grid cells at least ``min_cover`` covered by an original-image mask."""
+def cell_cover(mask: np.ndarray, crop: CropInfo, grid: tuple[int, int]) -> np.ndarray:
+    """(gh, gw): the share of each grid cell's pixels inside an original-image mask, on the encoder's crop."""
     gh, gw = grid
     fine = mask_on_alpha_grid(np.asarray(mask, dtype=bool), crop, grid)  # (gh·c, gw·c')
-    cover = fine.reshape(gh, fine.shape[0] // gh, gw, fine.shape[1] // gw).mean(axis=(1, 3))  # (gh, gw)
-    return cover >= min_cover
+    return fine.reshape(gh, fine.shape[0] // gh, gw, fine.shape[1] // gw).mean(axis=(1, 3))
+
+
+def mask_on_grid(mask: np.ndarray, crop: CropInfo, grid: tuple[int, int], *, min_cover: float = 0.25) -> np.ndarray:
+    """Bool (gh, gw): grid cells at least ``min_cover`` covered by an original-image mask."""
+    return cell_cover(mask, crop, grid) >= min_cover
+
+
+class AttentionTargets:
+    """Supervised attention's targets (``OptimConfig.attention_lambda``; Liu et al., 2017): for each
+    caption word linked to objects, q_t = the linked objects' share of each grid cell, normalised to
+    sum to 1 over the cells. Only the synthetic worlds link words to masks.
+
+    ``captions`` is a CaptionDataset; an image's covers are computed when it is first batched.
+    """
+
+    def __init__(self, captions: Any, preprocess: PreprocessConfig) -> None:
+        for i in captions.image_ids:
+            record = captions.data.images[i]
+            if not record.objects or not record.links or not all("mask" in o for o in record.objects):
+                raise DatasetError(
+                    f"--attention-lambda needs every caption's words linked to object masks (the shapes or "
+                    f"scenes world), and training image {record.path.name} has "
+                    f"{'no links' if record.objects else 'no objects'}; drop --attention-lambda or train on "
+                    "a world made by python -m sat_core.world.")
+        self.captions, self.preprocess = captions, preprocess
+        self._covers: dict[int, dict[Any, np.ndarray]] = {}  # image -> object id -> (L,) cover
+
+    def batch(self, keys: Sequence[int], steps: int, regions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q (B, steps, regions) float32 and which words are linked (B, steps) bool, for the captions
+        ``keys`` (Batch.keys); step t is the step that produces word t."""
+        side = math.isqrt(regions)
+        if side * side != regions:
+            raise SatError(f"Supervised attention needs a square grid of regions, not {regions}.")
+        q = torch.zeros(len(keys), steps, regions)
+        linked = torch.zeros(len(keys), steps, dtype=torch.bool)
+        for b, key in enumerate(keys):
+            image, sentence = self.captions.sentence_of[key]
+            covers = self._image_covers(image, (side, side))
+            for t, ids in self.captions.data.images[image].links[sentence] or []:
+                cover = sum(covers[o] for o in ids)
+                if t < steps and cover.sum() > 0:  # an object can lie outside the crop
+                    q[b, t] = torch.from_numpy(cover / cover.sum())
+                    linked[b, t] = True
+        return q, linked
+
+    def _image_covers(self, image: int, grid: tuple[int, int]) -> dict[Any, np.ndarray]:
+        if image not in self._covers:
+            objects = self.captions.data.images[image].objects
+            masks = [rle_decode(o["mask"]) for o in objects]
+            crop = crop_info((masks[0].shape[1], masks[0].shape[0]), self.preprocess)
+            self._covers[image] = {o["id"]: cell_cover(m, crop, grid).astype(np.float32).ravel()
+                                   for o, m in zip(objects, masks)}
+        return self._covers[image]
 
 
 def correctness_on_crop(alpha_grid: np.ndarray, mask: np.ndarray, crop: CropInfo) -> tuple[float, float]:

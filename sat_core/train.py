@@ -33,10 +33,11 @@ from sat_core.config import ModelConfig, PreprocessConfig, TrainConfig
 from sat_core.data import CaptionDataset, EvalImages, ImageStore, build_vocab, load_karpathy, make_loader, normalise
 from sat_core.decoding import beam_search, pick_device
 from sat_core.errors import SatError
-from sat_core.losses import MovingBaseline, caption_loss
+from sat_core.losses import MovingBaseline, attention_supervision, caption_loss
 from sat_core.models.captioner import Captioner
 from sat_core.models.encoder import FEATURE_DIMS, Annotations, load_torchvision_weights
 from sat_core.precision import autocast, resolve
+from sat_core.regions import AttentionTargets
 from sat_core.scenes_catalog import COUNTED, category_counts
 from sat_core.vocab import Vocab
 
@@ -204,6 +205,8 @@ class Trainer:
                                   num_replicas=self.world, rank=self.rank, by_image=cfg.data.batching == "image")
         self.val_images = EvalImages(self.data, cfg.data.val_split, store, batch_size=64)
         self.count_targets = self._count_targets() if cfg.optim.count_lambda else None  # (N_images, C)
+        self.attention_targets = (AttentionTargets(self.train_set, self.preprocess)
+                                  if cfg.optim.attention_lambda else None)
         # Kept in every checkpoint: the explorer's out-of-domain check and the error labels' word kinds.
         self.reference_images = domain_images(self.data) if self.main_process else []
         self.training_stats = (training_statistics(self.data, images=self.reference_images)
@@ -334,7 +337,8 @@ class Trainer:
         cfg, model = self.cfg, self.train_model
         model.train()
         self.loader.batch_sampler.set_epoch(self.epoch)
-        totals = {"loss": 0.0, "nll": 0.0, "dsa": 0.0, "reinforce": 0.0, "entropy": 0.0, "count": 0.0}
+        totals = {"loss": 0.0, "nll": 0.0, "dsa": 0.0, "reinforce": 0.0, "entropy": 0.0, "count": 0.0,
+                  "attention": 0.0}
         batches, captions, started = 0, 0, time.perf_counter()
         for i, batch in enumerate(self._progress(self._batches())):
             if i < self.batch_in_epoch:
@@ -378,6 +382,11 @@ class Trainer:
             count_loss = F.cross_entropy(out.counts.reshape(-1, out.counts.shape[-1]), targets.reshape(-1),
                                          reduction="sum") / targets.shape[0]
             total, count = total + cfg.optim.count_lambda * count_loss, float(count_loss.detach())
+        attention = 0.0
+        if self.attention_targets is not None:  # supervised attention: α towards the linked objects' cells
+            q, linked = self.attention_targets.batch(batch.keys, *out.alphas.shape[1:])  # (B, T, L), (B, T)
+            supervised = attention_supervision(out.alphas, q.to(self.device), linked.to(self.device))
+            total, attention = total + cfg.optim.attention_lambda * supervised, float(supervised.detach())
         if not torch.isfinite(total):
             raise self._non_finite("loss", float(total.detach()), batch)
         self.optimizer.zero_grad(set_to_none=True)
@@ -391,7 +400,7 @@ class Trainer:
             raise self._non_finite("gradient norm", float(norm), batch)
         self.optimizer.step()
         return {"loss": float(total.detach()), "nll": parts.nll, "dsa": parts.dsa,
-                "reinforce": parts.reinforce, "entropy": parts.entropy, "count": count}
+                "reinforce": parts.reinforce, "entropy": parts.entropy, "count": count, "attention": attention}
 
     def _non_finite(self, what: str, value: float, batch) -> SatError:
         return SatError(
@@ -660,6 +669,8 @@ def _console_line(record: dict[str, Any], cfg: TrainConfig, samples: list[tuple[
     terms = f"nll {record['nll']:.3f}  dsa {record['dsa']:.3f}  reinforce {record['reinforce']:.3f}  entropy {record['entropy']:.3f}"
     if cfg.optim.count_lambda:
         terms += f"  count {record.get('count', 0.0):.3f}"
+    if cfg.optim.attention_lambda:
+        terms += f"  attention {record.get('attention', 0.0):.3f}"
     lines = [f"epoch {record['epoch']}: loss {record['loss']:.3f} ({terms})  {record['captions_per_s']:.0f} captions/s "
              f"({record['precision']}, lr {record.get('lr', cfg.optim.lr):.2g})  "
              f"val BLEU-4 {v.get('BLEU-4', 0):.4f}  CIDEr {v.get('CIDEr', 0):.3f}  "

@@ -473,3 +473,59 @@ def test_count_lambda_trains_a_head_that_learns_the_scenes_counts(tmp_path, caps
     shapes, _ = make_dataset(tmp_path / "shapes")
     assert train.main(train_args(shapes, tmp_path / "shapes" / "world", tmp_path / "run2", *flags)) == 2
     assert "--count-lambda needs the scenes world's objects" in capsys.readouterr().err
+
+
+def test_attention_targets_put_each_linked_word_on_its_objects_cells(tmp_path):
+    """q_t of a linked word lies on the cells its objects cover (share by cover, summing to 1); words
+    without links are not supervised."""
+    from sat_core import world
+    from sat_core.config import PreprocessConfig
+    from sat_core.data import CaptionDataset, ImageStore, build_vocab, load_karpathy
+    from sat_core.regions import AttentionTargets, cell_cover
+    from sat_core.world import rle_decode
+    path = world.generate(tmp_path / "scenes", 3, 1, 0, seed=5, workers=1, kind="scenes")
+    data = load_karpathy(path, tmp_path / "scenes")
+    pre = PreprocessConfig(image_size=224)
+    store = ImageStore(data, pre, splits=("train",))
+    captions = CaptionDataset(data, "train", build_vocab(data, min_count=1), store)
+    targets = AttentionTargets(captions, pre)
+    q, linked = targets.batch([0, 1], 12, 196)
+    assert q.shape == (2, 12, 196) and linked.shape == (2, 12)
+    for b in range(2):
+        image, sentence = captions.sentence_of[b]
+        record = data.images[image]
+        links = {t: ids for t, ids in record.links[sentence] if t < 12}
+        assert set(torch.nonzero(linked[b]).squeeze(1).tolist()) == set(links)
+        for t, ids in links.items():
+            crop = _crop(record, pre)
+            cover = sum(cell_cover(rle_decode(o["mask"]), crop, (14, 14)).ravel()
+                        for o in record.objects if o["id"] in ids)
+            assert torch.allclose(q[b, t], torch.tensor(cover / cover.sum(), dtype=torch.float32), atol=1e-6)
+            assert abs(float(q[b, t].sum()) - 1) < 1e-5
+        for t in set(range(12)) - set(links):
+            assert float(q[b, t].abs().sum()) == 0
+
+
+def _crop(record, pre):
+    from sat_core.images import crop_info
+    from sat_core.world import rle_decode
+    mask = rle_decode(record.objects[0]["mask"])
+    return crop_info((mask.shape[1], mask.shape[0]), pre)
+
+
+def test_attention_lambda_pulls_alpha_onto_the_named_objects(tmp_path, capsys):
+    """--attention-lambda on a tiny scenes world: its term (the cross-entropy from the objects' cells to α)
+    falls over training and is stored in the run's config; a dataset without links is refused with a message."""
+    from sat_core import world
+    data = world.generate(tmp_path / "scenes", 12, 2, 0, seed=5, workers=1, kind="scenes")
+    flags = ["--epochs", "6", "--lr", "1e-2", "--patience", "0", "--allow-random-encoder"]
+    supervised = tmp_path / "run"
+    assert train.main(train_args(data, tmp_path / "scenes", supervised, *flags, "--attention-lambda", "1")) == 0
+    epochs = [r for r in map(json.loads, (supervised / "log.jsonl").read_text().splitlines()) if "attention" in r]
+    assert len(epochs) == 6 and epochs[-1]["attention"] < epochs[0]["attention"] - 0.3
+    config = json.loads((supervised / "last" / "config.json").read_text())
+    assert config["training"]["train_config"]["optim"]["attention_lambda"] == 1
+    shapes, _ = make_dataset(tmp_path / "shapes")
+    assert train.main(train_args(shapes, tmp_path / "shapes" / "world", tmp_path / "run2", *flags,
+                                 "--attention-lambda", "1")) == 2
+    assert "--attention-lambda needs every caption's words linked to object masks" in capsys.readouterr().err
