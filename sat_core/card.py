@@ -107,6 +107,10 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
                         if optim.get("lr_schedule") == "cosine"
                         else f"{optim.get('lr', '?')} throughout")
             lines += [f"- Optimiser: {optim.get('optimizer', '?')}, learning rate {schedule}."]
+            if optim.get("attention_lambda"):
+                lines += [f"- Attention: supervised towards the object each word names (`--attention-lambda "
+                          f"{optim['attention_lambda']:g}`, Liu et al., 2017; not in the paper): α was taught with "
+                          "the world's masks, not learnt from the captions alone."]
     lines += ["", f"## {str(metrics.get('split', 'evaluation')).capitalize()} split "
                   f"({metrics.get('n_images', '?')} images, beam {metrics.get('beam', '?')}, "
                   f"length normalisation {metrics.get('length_norm', 0.0)}, "

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sat_core.config import DecodeConfig, ModelConfig, PreprocessConfig
+from sat_core.config import DecodeConfig, ModelConfig, OptimConfig, PreprocessConfig, TrainConfig
 from sat_core.errors import CheckpointError, SatError
 from sat_core.io import atomic_write, fsync_dir, read_tensors, save_tensors_atomic, write_json_atomic
 from sat_core.paths import CHECKPOINT_FILES, CONFIG_FILE, WEIGHTS_FILE, resolve_checkpoint_path
@@ -291,6 +291,17 @@ class LoadedCheckpoint:
         """The beam its metrics were measured with (DecodeConfig's default if unknown)."""
         value = (self.metrics or {}).get("beam")
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else DecodeConfig().beam_size
+
+    @property
+    def optim(self) -> OptimConfig | None:
+        """The objective's settings it was trained with (None when the checkpoint does not record them)."""
+        stored = (self.config.get("training") or {}).get("train_config")
+        if not stored:
+            return None
+        try:
+            return TrainConfig.from_dict(stored).optim
+        except (SatError, TypeError, KeyError, ValueError):
+            return None
 
     def decode_defaults(self) -> DecodeConfig:
         """DecodeConfig's defaults with what its figures were measured with: beam, length normalisation

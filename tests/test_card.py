@@ -102,3 +102,13 @@ def test_card_names_the_schedule_the_run_fitted_to_its_time_budget():
                                                            "planned_epochs": 3, "train_config": {"optim": optim}}}
     assert "- Optimiser: adam, learning rate cosine from 0.001 to 5e-05 over 3 epochs." in model_card(
         "m", config, {"split": "test"}).splitlines()
+
+
+@pytest.mark.parametrize("attention_lambda", [0.0, 0.5])
+def test_card_says_when_attention_was_supervised(attention_lambda):
+    optim = {"optimizer": "adam", "lr": 0.001, "attention_lambda": attention_lambda}
+    config = {"model": {"attention": "soft"}, "training": {"dataset": "d.json", "train_config": {"optim": optim}}}
+    lines = [x for x in model_card("m", config, {"split": "test"}).splitlines() if x.startswith("- Attention:")]
+    assert lines == ([] if not attention_lambda else [
+        "- Attention: supervised towards the object each word names (`--attention-lambda 0.5`, Liu et al., 2017; "
+        "not in the paper): α was taught with the world's masks, not learnt from the captions alone."])

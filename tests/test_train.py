@@ -523,8 +523,7 @@ def test_attention_lambda_pulls_alpha_onto_the_named_objects(tmp_path, capsys):
     assert train.main(train_args(data, tmp_path / "scenes", supervised, *flags, "--attention-lambda", "1")) == 0
     epochs = [r for r in map(json.loads, (supervised / "log.jsonl").read_text().splitlines()) if "attention" in r]
     assert len(epochs) == 6 and epochs[-1]["attention"] < epochs[0]["attention"] - 0.3
-    config = json.loads((supervised / "last" / "config.json").read_text())
-    assert config["training"]["train_config"]["optim"]["attention_lambda"] == 1
+    assert ckpt.load_checkpoint(supervised / "last").optim.attention_lambda == 1
     shapes, _ = make_dataset(tmp_path / "shapes")
     assert train.main(train_args(shapes, tmp_path / "shapes" / "world", tmp_path / "run2", *flags,
                                  "--attention-lambda", "1")) == 2

@@ -47,9 +47,19 @@ def draw_config(loaded: LoadedCheckpoint) -> None:
         + (" + 2 (x, y)" if m.position else ""),
         "gate β": "on" if m.gate else "off",
         "(h₀, c₀) from": f"{m.init_cells}-wide per-cell layer, summed" if m.init_cells else "mean annotation",
+        "α trained by": supervision(loaded),
         "parameters": f"{params:,}", "folder": str(loaded.path),
     }
     st.dataframe(pd.DataFrame({"": list(facts), "value": list(facts.values())}), hide_index=True, width="stretch")
+
+
+def supervision(loaded: LoadedCheckpoint) -> str:
+    """What taught α: the captions alone (the paper), or the world's masks too (--attention-lambda)."""
+    if loaded.optim is None:
+        return "not recorded"
+    if loaded.optim.attention_lambda:
+        return f"captions and object masks (supervised, λ_a = {loaded.optim.attention_lambda:g})"
+    return "the captions alone, as in the paper"
 
 
 def draw_metrics(metrics: dict | None) -> None:

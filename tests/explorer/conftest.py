@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sat_core.checkpoint import load_checkpoint, save_checkpoint
-from sat_core.config import ModelConfig, PreprocessConfig
+from sat_core.config import ModelConfig, OptimConfig, PreprocessConfig, TrainConfig
 from sat_core.models.captioner import Captioner
 from sat_core.vocab import Vocab
 from sat_core.world import generate
@@ -65,7 +65,10 @@ def explorer_env(tmp_path_factory) -> Env:
     # the hard model again, evaluated at beam 4 with length normalisation 1 and one mention per kind: the
     # sidebar follows its settings
     model, config = _tiny(vocab, "hard")
+    # ... and trained, its record says, with supervised attention (the teaching page says so)
+    supervised = TrainConfig(optim=OptimConfig(attention_lambda=0.5)).to_dict()
     save_checkpoint(roots / "tiny-hard-normed", model, model_config=config, vocab=vocab, preprocess=PreprocessConfig(),
+                    training={"train_config": supervised},
                     metrics={"BLEU-4": 0.1, "beam": 4, "length_norm": 1.0, "one_mention_per_kind": True},
                     model_card="# Tiny hard model, normalised\n")
     old = {k: os.environ.get(k) for k in ("SAT_WORLD_DIR", "SAT_CHECKPOINT_DIRS")}

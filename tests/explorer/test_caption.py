@@ -230,3 +230,13 @@ def test_photo_upload_warns_by_the_encoders_view_when_colours_look_familiar(expl
     warnings = [w.value for w in at.warning]
     assert any("photos.json (train split, 2 images)" in w and f"{ratio:.2f}× as far" in w
                and "colour statistics" not in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize("ckpt, taught", [("tiny-soft", "not recorded"),
+                                          ("tiny-hard-normed", "captions and object masks (supervised, λ_a = 0.5)")])
+def test_the_card_says_what_taught_alpha(explorer_env, ckpt, taught):
+    at = new_app({"ckpt": ckpt})
+    at.switch_page("views/card.py")
+    at.run()
+    facts = at.dataframe[0].value
+    assert facts.set_index("")["value"]["α trained by"] == taught

@@ -68,3 +68,9 @@ def test_hard_model_shows_reinforce_and_no_gate(explorer_env):
     assert r"\arg\max_i \alpha_{ti} = \text{row" in text and "s_t = \\text{row" not in text  # nothing sampled
     sampled = latex(open_teach({"ckpt": "tiny-hard", "hard_mode": "sample", "seed": "2"}))
     assert r"s_t = \text{row" in sampled
+
+
+def test_the_page_says_when_a_models_attention_was_supervised(explorer_env):
+    supervised = [x.value for x in open_teach({"ckpt": "tiny-hard-normed"}).info if "supervised attention" in x.value]
+    assert len(supervised) == 1 and "λ_a = 0.5" in supervised[0] and "not in the paper" in supervised[0]
+    assert not [x.value for x in open_teach().info if "supervised attention" in x.value]
