@@ -93,17 +93,16 @@ class AttentionTargets:
         side = math.isqrt(regions)
         if side * side != regions:
             raise SatError(f"Supervised attention needs a square grid of regions, not {regions}.")
-        q = torch.zeros(len(keys), steps, regions)
-        linked = torch.zeros(len(keys), steps, dtype=torch.bool)
+        q = np.zeros((len(keys), steps, regions), dtype=np.float32)
         for b, key in enumerate(keys):
             image, sentence = self.captions.sentence_of[key]
             covers = self._image_covers(image, (side, side))
             for t, ids in self.captions.data.images[image].links[sentence] or []:
-                cover = sum(covers[o] for o in ids)
-                if t < steps and cover.sum() > 0:  # an object can lie outside the crop
-                    q[b, t] = torch.from_numpy(cover / cover.sum())
-                    linked[b, t] = True
-        return q, linked
+                if t < steps:
+                    q[b, t] = covers[ids[0]] if len(ids) == 1 else sum(covers[o] for o in ids)
+        total = q.sum(-1, keepdims=True)  # (B, steps, 1); 0 where no link (or the objects lie outside the crop)
+        q = np.divide(q, total, out=np.zeros_like(q), where=total > 0)
+        return torch.from_numpy(q), torch.from_numpy(total[..., 0] > 0)
 
     def _image_covers(self, image: int, grid: tuple[int, int]) -> dict[Any, np.ndarray]:
         if image not in self._covers:
