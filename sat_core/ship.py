@@ -1,6 +1,7 @@
 """Build a shipped checkpoint in one command: world -> training -> test evaluation -> model card.
 
-    python -m sat_core.ship scenes_soft     # or: scenes_hard (scenes world); shapes_soft | shapes_hard (shapes world)
+    python -m sat_core.ship scenes_soft     # or: scenes_hard, scenes_soft_supervised, scenes_hard_supervised
+                                            # (scenes world); shapes_soft | shapes_hard (shapes world)
 
 Generates the embedded world into ``data/world`` (scenes: ``data/scenes``) if it is missing, pretrains
 the small encoder on it (``sat_core.pretrain``, shared by both shapes presets) if missing, trains with
@@ -38,11 +39,13 @@ PRESETS = Path(__file__).parent / "presets"
 # scenes since session 21: on 8,000 the scenes models learnt their training scenes by heart (README).
 WORLDS = {"shapes": {"train": 8000, "val": 400, "test": 500, "seed": 0},
           "scenes": {"train": 24000, "val": 400, "test": 500, "seed": 0}}
-NAMES = ("scenes_soft", "scenes_hard", "shapes_soft", "shapes_hard")
+NAMES = ("scenes_soft", "scenes_hard", "scenes_soft_supervised", "scenes_hard_supervised", "shapes_soft", "shapes_hard")
 # The scenes world's caption order each scenes preset trains on (its world folder: the preset's data.images).
 # Both train on the largest-first world since session 20: on block 10's annotations the hard model lost the
 # objects there, on block 7's (its preset's "shallow") it counts best of any model (README).
-CAPTION_ORDER = {"scenes_soft": "largest_first", "scenes_hard": "largest_first"}
+# The supervised ones (--attention-lambda, session 24) are the same presets with α also trained on the masks.
+CAPTION_ORDER = {"scenes_soft": "largest_first", "scenes_hard": "largest_first",
+                 "scenes_soft_supervised": "largest_first", "scenes_hard_supervised": "largest_first"}
 SHIPPED_DTYPE = torch.float16  # what the shipped weights are stored in (half the size of fp32)
 SHIP_MINUTES = 45.0  # the default budget of the whole command
 # Kept free for the test evaluation with search errors, the card and the figure: 0.9 minutes for the 500

@@ -201,3 +201,12 @@ def test_the_card_says_which_epoch_was_shipped_when_it_is_the_last_not_the_best(
                             for s in (best, last))
     assert "best validation BLEU-4 0.5 at epoch 2; shipped: the last epoch (3)." in last_card
     assert "shipped: the last epoch" not in best_card and "best validation BLEU-4 0.5 at epoch 2." in best_card
+
+
+@pytest.mark.parametrize("kind", ["soft", "hard"])
+def test_a_supervised_preset_is_its_shipped_preset_plus_attention_lambda(kind):
+    plain = json.loads(ship.preset_path(f"scenes_{kind}").read_text())
+    supervised = json.loads(ship.preset_path(f"scenes_{kind}_supervised").read_text())
+    assert supervised["optim"].pop("attention_lambda") == 1.0 and "attention_lambda" not in plain["optim"]
+    assert supervised.pop("out") == f"runs/scenes_{kind}_supervised" and plain.pop("out") == f"runs/scenes_{kind}"
+    assert supervised == plain
