@@ -45,7 +45,7 @@ def draw_config(loaded: LoadedCheckpoint) -> None:
         "attention": m.attention, "encoder": m.encoder, "image size": f"{p.image_size}×{p.image_size}",
         "vocabulary": f"{len(loaded.vocab)} words", "embedding m / LSTM n / D": f"{m.embed_dim} / {m.hidden_dim} / {m.feature_dim}"
         + (" + 2 (x, y)" if m.position else ""),
-        "gate β": "on" if m.gate else "off",
+        "gate β": "on" if m.gate and m.attention == "soft" else "off",  # hard attention has no gate
         "(h₀, c₀) from": f"{m.init_cells}-wide per-cell layer, summed" if m.init_cells else "mean annotation",
         "α trained by": supervision(loaded),
         "parameters": f"{params:,}", "folder": str(loaded.path),
@@ -58,8 +58,8 @@ def supervision(loaded: LoadedCheckpoint) -> str:
     if loaded.optim is None:
         return "not recorded"
     if loaded.optim.attention_lambda:
-        return f"captions and object masks (supervised, λ_a = {loaded.optim.attention_lambda:g})"
-    return "the captions alone, as in the paper"
+        return f"captions + object masks, λ_a = {loaded.optim.attention_lambda:g}"
+    return "captions alone (the paper)"
 
 
 def draw_metrics(metrics: dict | None) -> None:

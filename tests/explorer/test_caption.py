@@ -233,10 +233,11 @@ def test_photo_upload_warns_by_the_encoders_view_when_colours_look_familiar(expl
 
 
 @pytest.mark.parametrize("ckpt, taught", [("tiny-soft", "not recorded"),
-                                          ("tiny-hard-normed", "captions and object masks (supervised, λ_a = 0.5)")])
+                                          ("tiny-hard-normed", "captions + object masks, λ_a = 0.5")])
 def test_the_card_says_what_taught_alpha(explorer_env, ckpt, taught):
     at = new_app({"ckpt": ckpt})
     at.switch_page("views/card.py")
     at.run()
-    facts = at.dataframe[0].value
-    assert facts.set_index("")["value"]["α trained by"] == taught
+    facts = at.dataframe[0].value.set_index("")["value"]
+    assert facts["α trained by"] == taught
+    assert facts["gate β"] == ("off" if "hard" in ckpt else "on")  # hard attention has no gate, whatever its config
