@@ -245,6 +245,8 @@ class DecodeConfig(Config):
     fp32_ties: float = option(0.005, "bf16 only: the finished captions within this many nats per word of the best are "
                               "scored again in fp32 and ranked by it (near-ties decide between equally good "
                               "captions, which bf16's rounding would otherwise pick); 0: off", low=0.0)
+    count_prior: float = option(0.0, "scenes models with a count head (--count-lambda): rank the finished captions by "
+                                "score + this × log p(the counts they state) under the head; 0: off", low=0.0)
     hard_mode: str = option("expect", "hard attention at test time: expectation α or a sampled location",
                             choices=("expect", "sample"))
     seed: int = option(0, "seed of hard_mode=sample", low=0)

@@ -45,6 +45,7 @@ class Hypothesis:
     locations: np.ndarray  # (T,) sampled region per step (hard sampling), −1 otherwise
     finished: bool
     grid: tuple[int, int]
+    prior: float = 0.0  # DecodeConfig.count_prior × log p(the counts it states) under the count head; 0: none
 
     @property
     def caption(self) -> str:
@@ -249,6 +250,9 @@ def beam_search(
     """
     cfg = cfg or DecodeConfig()
     K = cfg.beam_size  # DecodeConfig guarantees K ≥ 1 and max_len ≥ 1
+    if cfg.count_prior and model.decoder.count_head is None:
+        raise SatError("--count-prior needs a model with a count head (one trained with --count-lambda on the "
+                       "scenes world); this one has none: drop --count-prior.")
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -264,6 +268,8 @@ def beam_search(
             results.append(hyps[:K])
         if precision == "bf16" and cfg.fp32_ties > 0 and not (model.hard and cfg.hard_mode == "sample"):
             _settle_ties_in_fp32(model, vocab, feats, results, cfg, intervention)
+        if cfg.count_prior:
+            rank_by_stated_counts(model, feats, results, cfg.count_prior)
     finally:
         if was_training:
             model.train()
@@ -271,7 +277,29 @@ def beam_search(
 
 
 def _rank(hyp: Hypothesis) -> tuple[bool, float]:
-    return not hyp.finished, -hyp.score
+    return not hyp.finished, -(hyp.score + hyp.prior)
+
+
+@torch.no_grad()
+def rank_by_stated_counts(model: Captioner, feats: torch.Tensor, results: list[list[Hypothesis]], weight: float) -> None:
+    """``DecodeConfig.count_prior``: rank each image's finished hypotheses (in place) by score + weight · log
+    p_head(the counts the caption states), the count head reading the image's annotations (B, L, D).
+
+    The head predicts, per category, 0–4 objects; a caption states 0 for every category it does not name,
+    so leaving an object out costs as much as miscounting it. A plural without a number counts as 2–4."""
+    from sat_core.scenes_grounding import stated_counts
+
+    with autocast(feats.device, "fp32"):
+        summary = model.decoder.init_input(feats.float())
+        logp = torch.log_softmax(model.decoder.count_logits(summary), dim=-1).cpu()  # (B, C, 5)
+    for b, hyps in enumerate(results):
+        for i, hyp in enumerate(hyps):
+            if hyp.finished:
+                counts = stated_counts(hyp.words)
+                total = sum(float(logp[b, c, 2:].logsumexp(0) if n is None else logp[b, c, n])
+                            for c, n in enumerate(counts))
+                hyps[i] = dataclasses.replace(hyp, prior=weight * total)
+        hyps.sort(key=_rank)
 
 
 @torch.no_grad()

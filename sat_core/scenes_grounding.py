@@ -17,7 +17,7 @@ import numpy as np
 from sat_core.grounding import Relation, phrase_at
 from sat_core.scenes import relation_holds
 from sat_core.scenes_catalog import (
-    COLOURS, COUNT_WORDS, NOUNS, PARTICIPLES, PLACE_WORDS, RELATION_PHRASES,
+    COLOURS, COUNT_WORDS, COUNTED, NOUNS, PARTICIPLES, PLACE_WORDS, RELATION_PHRASES,
 )
 
 ERROR_LABELS = ("wrong_category", "wrong_colour", "wrong_count", "wrong_relation", "wrong_place",
@@ -81,6 +81,17 @@ def parse(tokens: Sequence[Any]) -> Parsed:
             rel_wait, pending = None, {"idx": []}
         i += 1
     return out
+
+
+def stated_counts(tokens: Sequence[Any]) -> list[int | None]:
+    """How many objects of each of ``COUNTED`` a caption says the scene holds, in a count head's classes:
+    0 for a category it does not name, its mentions' counts summed (4 for four or more), None for a plural
+    without a number ("dogs": two or more)."""
+    counts: list[int | None] = [0] * len(COUNTED)
+    for m in parse(tokens).mentions:
+        k = COUNTED.index(m.category)
+        counts[k] = None if m.count is None or counts[k] is None else min(4, counts[k] + m.count)
+    return counts
 
 
 def _colour_ok(m: Mention, o: dict[str, Any]) -> bool:

@@ -497,3 +497,45 @@ def test_the_kind_guard_lets_a_category_come_back_only_in_another_colour():
     assert banned("a grey dog and a grey") == {"dog", "dogs"}
     assert banned("a grey dog and a") == {"dog", "dogs"}  # "a dog" after "a grey dog": the same dog or not?
     assert banned("a dog and a grey cat and a") == {"dog", "dogs", "cat"}
+
+
+def _finished(words: list[str], score: float) -> "Hypothesis":
+    from sat_core.decoding import Hypothesis
+    n = len(words) + 1
+    return Hypothesis(tokens=[4] * n, words=words, logprob=score * n, score=score, alphas=np.zeros((n, 16)),
+                      betas=np.zeros(n), locations=np.full(n, -1), finished=True, grid=(4, 4))
+
+
+def test_count_prior_ranks_the_caption_whose_counts_the_head_believes_first():
+    """The head says two dogs and nothing else: "two dogs" overtakes the likelier "a dog" once the prior weighs
+    enough, and a caption naming a cat pays for the cat the head does not see as much as "a dog" for the dog."""
+    from sat_core.decoding import rank_by_stated_counts
+    from sat_core.models.captioner import Captioner
+    from sat_core.scenes_catalog import COUNTED
+    from tests.conftest import tiny_config
+    torch.manual_seed(0)
+    model = Captioner(tiny_config(12, init_cells=8, count_head=len(COUNTED))).eval()
+    head = model.decoder.count_head
+    with torch.no_grad():
+        head.weight.zero_()
+        bias = torch.full((len(COUNTED), 5), -9.0)
+        bias[:, 0] = 0.0  # none of anything ...
+        bias[COUNTED.index("dog")] = torch.tensor([-9.0, -9.0, 0.0, -9.0, -9.0])  # ... but two dogs
+        head.bias.copy_(bias.view(-1))
+    feats = torch.randn(1, 16, model.config.feature_dim)
+    hyps = [_finished(["a", "dog"], -0.1), _finished(["two", "dogs"], -0.5), _finished(["two", "dogs", "and", "a", "cat"], -0.4)]
+    weak = [list(hyps)]
+    rank_by_stated_counts(model, feats, weak, 0.001)
+    assert [h.words[0] for h in weak[0]] == ["a", "two", "two"]  # the captions' own scores still decide
+    strong = [list(hyps)]
+    rank_by_stated_counts(model, feats, strong, 1.0)
+    # one wrong count each (one dog; a cat the head does not see): their own scores order them
+    assert [" ".join(h.words) for h in strong[0]] == ["two dogs", "a dog", "two dogs and a cat"]
+    assert strong[0][0].prior == pytest.approx(0.0, abs=0.05)  # 37 categories, each a little below log 1
+    assert strong[0][1].prior == pytest.approx(-9.0, abs=0.05) and strong[0][2].prior == pytest.approx(-9.0, abs=0.05)
+
+
+def test_count_prior_needs_a_count_head(tiny_model, vocab):
+    from sat_core.errors import SatError
+    with pytest.raises(SatError, match="--count-prior needs a model with a count head"):
+        beam_search(tiny_model, torch.randn(1, 3, 32, 32), vocab, DecodeConfig(beam_size=2, count_prior=1.0))

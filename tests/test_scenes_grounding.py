@@ -126,3 +126,12 @@ def test_counts_say_what_was_said_against_the_scene(caption, said, scene, right)
 
 def test_singular_mentions_of_single_objects_are_not_counts():
     assert ground("a brown dog next to a black cat".split(), TWO_DOGS[1:]).counts == []
+
+
+def test_stated_counts_are_a_count_heads_classes():
+    from sat_core.scenes_catalog import COUNTED
+    from sat_core.scenes_grounding import stated_counts
+    counts = stated_counts("two red cars and a blue car and dogs next to a cat in the park".split())
+    named = {COUNTED[k]: n for k, n in enumerate(counts) if n != 0}
+    assert named == {"car": 3, "dog": None, "cat": 1}
+    assert stated_counts("three apples and two apples".split())[COUNTED.index("apple")] == 4  # four or more
