@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from sat_core.config import PreprocessConfig
+from sat_core.data import CaptionDataset
 from sat_core.errors import DatasetError, SatError
 from sat_core.grounding import attention_correctness
 from sat_core.images import CropInfo, crop_info
@@ -72,18 +73,19 @@ class AttentionTargets:
     caption word linked to objects, q_t = the linked objects' share of each grid cell, normalised to
     sum to 1 over the cells. Only the synthetic worlds link words to masks.
 
-    ``captions`` is a CaptionDataset; an image's covers are computed when it is first batched.
+    An image's covers are computed when it is first batched.
     """
 
-    def __init__(self, captions: Any, preprocess: PreprocessConfig) -> None:
+    def __init__(self, captions: CaptionDataset, preprocess: PreprocessConfig) -> None:
         for i in captions.image_ids:
             record = captions.data.images[i]
-            if not record.objects or not record.links or not all("mask" in o for o in record.objects):
+            lacks = ("no objects" if not record.objects else "no word links" if not record.links
+                     else "objects without masks" if not all("mask" in o for o in record.objects) else None)
+            if lacks:
                 raise DatasetError(
                     f"--attention-lambda needs every caption's words linked to object masks (the shapes or "
-                    f"scenes world), and training image {record.path.name} has "
-                    f"{'no links' if record.objects else 'no objects'}; drop --attention-lambda or train on "
-                    "a world made by python -m sat_core.world.")
+                    f"scenes world), and training image {record.path.name} has {lacks}; drop --attention-lambda "
+                    "or train on a world made by python -m sat_core.world.")
         self.captions, self.preprocess = captions, preprocess
         self._covers: dict[int, dict[Any, np.ndarray]] = {}  # image -> object id -> (L,) cover
 
