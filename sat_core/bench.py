@@ -300,11 +300,12 @@ def train_case(dims: Dims, attention: str, device: torch.device, precision: str 
                length: int = 20, min_time: float = 1.0, floor: bool = True) -> dict[str, Any]:
     """Captions/s, the parts of a step timed alone, and peak memory of training steps on random data."""
     from sat_core.losses import MovingBaseline, caption_loss
+    from sat_core.train import build_optimizer
 
     torch.manual_seed(0)
     config = model_config(dims, attention)
     model = Captioner(config).to(device).train()
-    optimizer = torch.optim.Adam(model.decoder.parameters(), lr=1e-4)
+    optimizer = build_optimizer("adam", model.decoder.parameters(), lr=1e-4)  # the trainer's
     feats = torch.randn(batch, dims.L, dims.D, device=device)  # (B, L, D)
     captions = torch.randint(len(SPECIALS), dims.V, (batch, length + 2), device=device)  # (B, T+1)
     captions[:, 0], captions[:, -1] = Vocab.start_id, Vocab.end_id

@@ -241,12 +241,21 @@ def test_tutorial_variants_lean_teacher_forcing_matches_steps(vocab):
     torch.testing.assert_close(tf.betas.detach(), torch.stack([s.beta for s in steps], 1))
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 @pytest.mark.parametrize("k", [1, 3])
-def test_attention_gradients_match_plain_autograd(activation, k):
+def test_attention_gradients_match_plain_autograd(activation, k, fused):
     """The recomputing backward of f_att (a few images at a time, the projection's gradient gathered
-    over steps in one buffer) gives autograd's gradients."""
+    over steps in one buffer; for tanh on a CPU, sat_core.native's loops) gives autograd's gradients."""
+    import contextlib
+
+    from sat_core import native
     from sat_core.models.attention import AttentionMLP
+
+    if fused and not native.available():
+        pytest.skip("no C compiler here: the PyTorch code runs")
+    def switch():
+        return contextlib.nullcontext() if fused else native.disabled()
 
     torch.manual_seed(0)
     mlp = AttentionMLP(6, 5, 7, activation)
@@ -263,9 +272,10 @@ def test_attention_gradients_match_plain_autograd(activation, k):
     for fn in (mlp.forward, plain):
         mlp.zero_grad()
         h_ = h.clone().requires_grad_()
-        proj = mlp.project(feats)  # read by three steps, as in teacher forcing: their gradients add up
-        alpha = torch.stack([fn(proj, h_ * (t + 1)) for t in range(3)])
-        (alpha * weights).sum().backward()
+        with switch():
+            proj = mlp.project(feats)  # read by three steps, as in teacher forcing: their gradients add up
+            alpha = torch.stack([fn(proj, h_ * (t + 1)) for t in range(3)])
+            (alpha * weights).sum().backward()
         grads.append([alpha.detach(), h_.grad, mlp.W_a.weight.grad, mlp.W_a.bias.grad, mlp.W_h.weight.grad,
                       mlp.w.weight.grad])
     for ours, ref in zip(*grads):

@@ -36,6 +36,29 @@ def test_attention_scores_equal_the_pytorch_block(B, k, L, A):
 
 
 @needs_native
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("B, k, L, A", [(3, 5, 196, 512), (2, 1, 7, 13)])
+def test_attention_scores_backward_equals_autograd_of_the_block(B, k, L, A, accumulate):
+    g = torch.Generator().manual_seed(B + k + A)
+    proj = (3 * torch.randn(B, L, A, generator=g)).requires_grad_()
+    wh = (3 * torch.randn(B, k, 1, A, generator=g)).requires_grad_()
+    w = torch.randn(A, generator=g).requires_grad_()
+    grad_e = torch.randn(B, k, L, generator=g)
+    grad_e[0, 0, :3] = 0  # rows with no gradient still write their (zero) share
+    (torch.sigmoid(proj.unsqueeze(1) + wh) @ w * grad_e).sum().backward()
+    before = torch.randn(B, L, A, generator=g)
+    buffer = before.clone()
+    grad_wh, grad_w = native.attention_scores_backward(proj.detach(), wh.detach(), w.detach(), grad_e, buffer,
+                                                       accumulate)
+    tol = {"rtol": 1e-4, "atol": 1e-5 * L ** 0.5}
+    torch.testing.assert_close(buffer, proj.grad + before if accumulate else proj.grad, **tol)
+    torch.testing.assert_close(grad_wh, wh.grad.view(B, k, A), **tol)
+    torch.testing.assert_close(grad_w, w.grad, rtol=1e-4, atol=1e-4 * (B * k * L) ** 0.5)
+    with pytest.raises(ValueError, match="contiguous fp32"):
+        native.attention_scores_backward(proj.detach(), wh.detach(), w.detach(), grad_e, buffer.double(), False)
+
+
+@needs_native
 @pytest.mark.parametrize("V", [500, 5000])  # 5000: a row read in three pieces, its max found in the last
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_top_words_are_torch_topk_without_the_banned_and_the_normaliser_is_logsumexp(dtype, V):

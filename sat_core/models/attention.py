@@ -68,7 +68,7 @@ class AttentionMLP(nn.Module):
             e = _Scores.apply(proj, wh, w, self.relu, step, sink)  # (B, k, L)
             # w's bias cancels in the softmax (zero gradient), but DDP wants every parameter used.
             e = e + self.w.bias.float()
-        elif proj.device.type == "cpu" and not self.relu and native.available():
+        elif _fused_here(proj, self.relu):
             e = native.attention_scores(proj, wh.view(B, k, A), w)  # one fused loop, same values
         else:
             e = _scores(proj, wh, w, self.relu, step)
@@ -147,6 +147,9 @@ class _Scores(torch.autograd.Function):
     def forward(ctx, proj, wh, w, relu, step, sink=None):
         ctx.save_for_backward(proj, wh, w)
         ctx.relu, ctx.step, ctx.sink = relu, step, sink
+        ctx.fused = _fused_here(proj, relu)
+        if ctx.fused:
+            return native.attention_scores(proj, wh.view(wh.shape[0], wh.shape[1], -1), w)
         return _scores(proj, wh, w, relu, step)
 
     @staticmethod
@@ -159,7 +162,10 @@ class _Scores(torch.autograd.Function):
         if ctx.sink is not None:
             grad_proj, fresh = ctx.sink.buffer(proj)
         else:
-            grad_proj, fresh = torch.empty_like(proj), True
+            grad_proj, fresh = proj.new_empty(proj.shape), True  # contiguous, as the fused loop writes it
+        if ctx.fused and native.available():  # one loop per image: σ formed again in cache
+            grad_wh, grad_w = native.attention_scores_backward(proj, wh, w, grad_e, grad_proj, not fresh)
+            return None if ctx.sink is not None else grad_proj, grad_wh.view(B, k, 1, A), grad_w, None, None, None
         grad_wh, grad_w = wh.new_empty(B, k, 1, A), w.new_zeros(A)
         for s, x in _blocks(proj, wh, ctx.relu, ctx.step):
             g = grad_e[s : s + ctx.step]  # (c, k, L)
@@ -176,6 +182,11 @@ class _Scores(torch.autograd.Function):
             else:
                 grad_proj[s : s + ctx.step].add_(part)
         return None if ctx.sink is not None else grad_proj, grad_wh, grad_w, None, None, None
+
+
+def _fused_here(proj: torch.Tensor, relu: bool) -> bool:
+    """Whether ``sat_core.native``'s loops compute the scores for this projection (tanh on a CPU)."""
+    return proj.device.type == "cpu" and not relu and native.available()
 
 
 def attend(

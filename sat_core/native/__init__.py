@@ -102,6 +102,9 @@ def library() -> ctypes.CDLL | None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         lib.attention_scores.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
         lib.attention_scores.restype = None
+        lib.attention_scores_backward.argtypes = [ptr, ptr, ptr, ptr, ptr, ctypes.c_int, ptr, ptr, i64, i64, i64,
+                                                  i64, ctypes.c_int]
+        lib.attention_scores_backward.restype = None
         lib.top_words.argtypes = [ptr, ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
         lib.top_words.restype = None
         lib.exact_logits.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
@@ -140,6 +143,27 @@ def attention_scores(proj: torch.Tensor, wh: torch.Tensor, w: torch.Tensor) -> t
     e = proj.new_empty(B, k, L)
     lib.attention_scores(_ptr(proj), _ptr(wh), _ptr(w), _ptr(e), B, k, L, A, torch.get_num_threads())
     return e
+
+
+def attention_scores_backward(proj: torch.Tensor, wh: torch.Tensor, w: torch.Tensor, grad_e: torch.Tensor,
+                              grad_proj: torch.Tensor,
+                              accumulate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward pass of ``attention_scores`` for ∂e (B, k, L): σ formed again, never stored.
+
+    Writes (or, with ``accumulate``, adds) ∂proj into ``grad_proj`` (B, L, A), a contiguous fp32 buffer;
+    returns (∂wh (B, k, A), ∂w (A,)). All fp32 CPU tensors.
+    """
+    lib = library()
+    assert lib is not None, "attention_scores_backward called where available() is False"
+    B, L, A = proj.shape
+    k = wh.shape[1]
+    proj, wh, w, grad_e = (t.float().contiguous() for t in (proj, wh.reshape(B, k, A), w, grad_e))
+    if not (grad_proj.is_contiguous() and grad_proj.dtype == torch.float32 and grad_proj.shape == proj.shape):
+        raise ValueError("grad_proj must be a contiguous fp32 tensor shaped like proj")
+    grad_wh, grad_w = proj.new_empty(B, k, A), proj.new_empty(B, A)
+    lib.attention_scores_backward(_ptr(proj), _ptr(wh), _ptr(w), _ptr(grad_e), _ptr(grad_proj), int(accumulate),
+                                  _ptr(grad_wh), _ptr(grad_w), B, k, L, A, torch.get_num_threads())
+    return grad_wh, grad_w.sum(0)
 
 
 def exact_logits(weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor, words: torch.Tensor) -> torch.Tensor:

@@ -92,6 +92,60 @@ void attention_scores(const float *proj, const float *wh, const float *w, float 
     parallel(scores_range, &s, B, threads);
 }
 
+/* The scores' backward pass for training, forming sigma again instead of storing the block. For each
+   image b, position l and row j, with s = sigmoid(proj[b, l, :] + wh[b, j, :]) and g = grad_e[b, j, l]:
+       grad_proj[b, l, a] (+)= sum_j g w[a] s(1 - s)      (written, or added where `accumulate`)
+       grad_wh[b, j, a]     = sum_l g w[a] s(1 - s)
+       grad_w[b, a]         = sum_{j, l} g s              (one row per image; the caller sums them)
+   Images are split over the threads, so no two threads write the same place. */
+struct scores_back_args {
+    const float *proj, *wh, *w, *grad_e; /* (B, L, A), (B, k, A), (A,), (B, k, L) */
+    float *grad_proj, *grad_wh, *grad_w; /* (B, L, A), (B, k, A), (B, A) */
+    int accumulate;
+    int64_t k, L, A;
+};
+
+static void score_back(const float *restrict p, const float *restrict q, const float *restrict w, float g,
+                       float *restrict gw, float *restrict gp, float *restrict gq, int64_t A) {
+    for (int64_t a = 0; a < A; a++) {
+        float x = fminf(fmaxf(p[a] + q[a], -30.0f), 30.0f);
+        float sg = 1.0f / (1.0f + exp_approx(-x));
+        gw[a] += g * sg;
+        float d = g * w[a] * sg * (1.0f - sg);
+        gp[a] += d;
+        gq[a] += d;
+    }
+}
+
+static void scores_back_range(void *p, int64_t start, int64_t stop) {
+    const struct scores_back_args *s = (const struct scores_back_args *)p;
+    const int64_t k = s->k, L = s->L, A = s->A;
+    const float *w = s->w;
+    for (int64_t b = start; b < stop; b++) {
+        float *gw = s->grad_w + b * A;
+        float *gwh = s->grad_wh + b * k * A;
+        memset(gw, 0, A * sizeof(float));
+        memset(gwh, 0, k * A * sizeof(float));
+        for (int64_t l = 0; l < L; l++) {
+            const float *pr = s->proj + (b * L + l) * A;
+            float *gp = s->grad_proj + (b * L + l) * A;
+            if (!s->accumulate) memset(gp, 0, A * sizeof(float));
+            for (int64_t j = 0; j < k; j++) {
+                const float g = s->grad_e[(b * k + j) * L + l];
+                if (g == 0.0f) continue;
+                score_back(pr, s->wh + (b * k + j) * A, w, g, gw, gp, gwh + j * A, A);
+            }
+        }
+    }
+}
+
+void attention_scores_backward(const float *proj, const float *wh, const float *w, const float *grad_e,
+                               float *grad_proj, int accumulate, float *grad_wh, float *grad_w,
+                               int64_t B, int64_t k, int64_t L, int64_t A, int threads) {
+    struct scores_back_args s = {proj, wh, w, grad_e, grad_proj, grad_wh, grad_w, accumulate, k, L, A};
+    parallel(scores_back_range, &s, B, threads);
+}
+
 /* ---- each row's best words and its softmax normaliser ------------------------------------- */
 
 struct top_args {
