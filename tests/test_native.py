@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -56,6 +57,39 @@ def test_attention_scores_backward_equals_autograd_of_the_block(B, k, L, A, accu
     torch.testing.assert_close(grad_w, w.grad, rtol=1e-4, atol=1e-4 * (B * k * L) ** 0.5)
     with pytest.raises(ValueError, match="contiguous fp32"):
         native.attention_scores_backward(proj.detach(), wh.detach(), w.detach(), grad_e, buffer.double(), False)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [1, 5])
+def test_training_context_and_its_gradients_equal_bmm(dtype, k):
+    """attend() under autograd on a CPU runs the context product in the fused loops: the same context and
+    gradients as torch.bmm (α kept in fp32 where bmm rounds it to bf16: within bf16's rounding)."""
+    from sat_core.models.attention import attend
+
+    g = torch.Generator().manual_seed(k)
+    B, L, D = 3, 49, 67
+    feats = torch.randn(B, L, D, generator=g).to(dtype).requires_grad_()
+    alpha = torch.softmax(torch.randn(B * k, L, generator=g), 1).requires_grad_()
+    alpha.data[0, :5] = 0  # cells without attention are skipped, not lost
+    weights = torch.randn(B * k, D, generator=g)
+    results = []
+    for switch in (contextlib.nullcontext, native.disabled):
+        feats.grad = alpha.grad = None
+        with switch():
+            context = attend(feats, alpha)[0]
+        (context.float() * weights).sum().backward()
+        assert context.dtype == dtype and context.shape == (B * k, D)
+        results.append((context.float().detach(), alpha.grad.clone(), feats.grad.float().clone()))
+    tol = {"rtol": 0, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    for fused, plain in zip(*results):
+        assert fused.abs().max() > 0
+        torch.testing.assert_close(fused, plain, **tol)
+    # The gradient for α is exact in the loops (fp32 sums of the bf16 values), where bmm rounds it;
+    # the context's gradient arrives in the context's dtype.
+    grad = weights.view(B, k, D).to(dtype).float()
+    exact = torch.einsum("bld,bkd->bkl", feats.detach().float(), grad).reshape(B * k, L)
+    torch.testing.assert_close(results[0][1], exact, rtol=1e-5, atol=1e-4)
 
 
 @needs_native

@@ -1,4 +1,4 @@
-"""Fused CPU loops for no-grad decoding (``fused.c``), compiled on first use by the machine's C compiler.
+"""Fused CPU loops for no-grad decoding and parts of training (``fused.c``), compiled on first use by the machine's C compiler.
 
 Beam search at batch 64 × beam 5 spends most of a step outside the matrix products: f_att's
 elementwise block over (B, k, L, A) and finding each row's best words among V with the softmax's
@@ -105,6 +105,10 @@ def library() -> ctypes.CDLL | None:
         lib.attention_scores_backward.argtypes = [ptr, ptr, ptr, ptr, ptr, ctypes.c_int, ptr, ptr, i64, i64, i64,
                                                   i64, ctypes.c_int]
         lib.attention_scores_backward.restype = None
+        lib.attention_context.argtypes = [ptr, ptr, ctypes.c_int, ptr, i64, i64, i64, i64, ctypes.c_int]
+        lib.attention_context.restype = None
+        lib.attention_context_backward.argtypes = [ptr, ptr, ctypes.c_int, ptr, i64, i64, i64, i64, ctypes.c_int]
+        lib.attention_context_backward.restype = None
         lib.top_words.argtypes = [ptr, ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
         lib.top_words.restype = None
         lib.exact_logits.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
@@ -164,6 +168,41 @@ def attention_scores_backward(proj: torch.Tensor, wh: torch.Tensor, w: torch.Ten
     lib.attention_scores_backward(_ptr(proj), _ptr(wh), _ptr(w), _ptr(grad_e), _ptr(grad_proj), int(accumulate),
                                   _ptr(grad_wh), _ptr(grad_w), B, k, L, A, torch.get_num_threads())
     return grad_wh, grad_w.sum(0)
+
+
+def _features(feats: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Contiguous bf16 or fp32 annotations and whether they are bf16."""
+    if feats.dtype not in (torch.bfloat16, torch.float32):
+        feats = feats.float()
+    return feats.contiguous(), int(feats.dtype == torch.bfloat16)
+
+
+def attention_context(alpha: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+    """Context vectors (B, k, D) = α (B, k, L) · annotations (B, L, D), in the annotations' dtype (bf16 or fp32;
+    sums in fp32); CPU tensors."""
+    lib = library()
+    assert lib is not None, "attention_context called where available() is False"
+    feats, bf16 = _features(feats)
+    B, L, D = feats.shape
+    alpha = alpha.float().contiguous()
+    k = alpha.shape[1]
+    out = torch.full((B, k, D), float("nan"), dtype=feats.dtype)  # stays NaN if the loop could not run
+    lib.attention_context(_ptr(alpha), _ptr(feats), bf16, _ptr(out), B, k, L, D, torch.get_num_threads())
+    return out
+
+
+def attention_context_backward(feats: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """∂α (B, k, L) fp32 = annotations (B, L, D) · ∂context (B, k, D): the backward pass of ``attention_context``
+    for α; CPU tensors."""
+    lib = library()
+    assert lib is not None, "attention_context_backward called where available() is False"
+    feats, bf16 = _features(feats)
+    B, L, D = feats.shape
+    grad = grad.to(feats.dtype).contiguous()
+    k = grad.shape[1]
+    out = torch.empty(B, k, L)
+    lib.attention_context_backward(_ptr(feats), _ptr(grad), bf16, _ptr(out), B, k, L, D, torch.get_num_threads())
+    return out
 
 
 def exact_logits(weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor, words: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-/* Fused loops for no-grad decoding on a CPU (sat_core.native builds and loads this file).
+/* Fused loops for a CPU: no-grad decoding and parts of training (sat_core.native builds and loads this file).
 
    attention_scores: f_att's scores without the (B, k, L, A) block. Each image's projection row
    proj[b, l, :] is read once and stays in L1 while every beam of the image uses it:
@@ -10,11 +10,15 @@
    top_words: each row's n best non-banned logits (bf16 or fp32) with their ids, the row's max over
    every word and sum_i exp(x_i - max): the normaliser of the softmax, in one read of the row.
 
-   Both split their rows over `threads` OpenMP threads. Compiled with -O3 -ffast-math (and
+   attention_scores_backward, attention_context(_backward): the scores' backward pass and the context
+   vectors sum_l alpha_l a_l with their backward pass for alpha, for training.
+
+   All split their rows over `threads` OpenMP threads. Compiled with -O3 -ffast-math (and
    -march=native where the compiler accepts it) so the inner loops run on the CPU's vector units.
 */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef void (*range_fn)(void *args, int64_t start, int64_t stop);
@@ -31,6 +35,13 @@ static void parallel(range_fn fn, void *args, int64_t n, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < threads; t++)
         fn(args, n * t / threads, n * (t + 1) / threads);
+}
+
+static inline float bf16_to_float(uint16_t v) {
+    uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
 }
 
 /* ---- attention scores ---------------------------------------------------------------------- */
@@ -146,6 +157,103 @@ void attention_scores_backward(const float *proj, const float *wh, const float *
     parallel(scores_back_range, &s, B, threads);
 }
 
+/* ---- the context vectors for training ------------------------------------------------------ */
+
+/* context[b, j, :] = sum_l alpha[b, j, l] feats[b, l, :], and its backward pass for alpha,
+       grad_alpha[b, j, l] = feats[b, l, :] . grad[b, j, :].
+   feats, context and grad are bf16 (as uint16) or fp32; alpha and grad_alpha fp32; sums in fp32. Each
+   image's feature rows are read once for all its k rows, which stay in cache. */
+struct context_args {
+    const float *alpha;  /* (B, k, L) */
+    const void *feats;   /* (B, L, D) */
+    const void *grad;    /* (B, k, D), backward only */
+    void *out;           /* (B, k, D) context, or (B, k, L) fp32 grad_alpha */
+    int bf16;
+    int64_t k, L, D;
+};
+
+static inline uint16_t float_to_bf16(float f) { /* round to nearest even */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static void axpy_bf16(float *restrict acc, const uint16_t *restrict x, float a, int64_t D) {
+    for (int64_t d = 0; d < D; d++) acc[d] += a * bf16_to_float(x[d]);
+}
+
+static void axpy_f32(float *restrict acc, const float *restrict x, float a, int64_t D) {
+    for (int64_t d = 0; d < D; d++) acc[d] += a * x[d];
+}
+
+static float dot_bf16(const uint16_t *restrict x, const uint16_t *restrict y, int64_t D) {
+    float acc = 0.0f;
+    for (int64_t d = 0; d < D; d++) acc += bf16_to_float(x[d]) * bf16_to_float(y[d]);
+    return acc;
+}
+
+static float dot_f32(const float *restrict x, const float *restrict y, int64_t D) {
+    float acc = 0.0f;
+    for (int64_t d = 0; d < D; d++) acc += x[d] * y[d];
+    return acc;
+}
+
+static void context_range(void *p, int64_t start, int64_t stop) {
+    const struct context_args *s = (const struct context_args *)p;
+    const int64_t k = s->k, L = s->L, D = s->D;
+    float *acc = (float *)malloc((size_t)(k * D) * sizeof(float));
+    if (!acc) return; /* the caller has filled the output with NaN: a failure cannot pass unnoticed */
+    for (int64_t b = start; b < stop; b++) {
+        memset(acc, 0, (size_t)(k * D) * sizeof(float));
+        const float *alpha = s->alpha + b * k * L;
+        for (int64_t l = 0; l < L; l++) {
+            for (int64_t j = 0; j < k; j++) {
+                const float a = alpha[j * L + l];
+                if (a == 0.0f) continue;
+                if (s->bf16)
+                    axpy_bf16(acc + j * D, (const uint16_t *)s->feats + (b * L + l) * D, a, D);
+                else
+                    axpy_f32(acc + j * D, (const float *)s->feats + (b * L + l) * D, a, D);
+            }
+        }
+        if (s->bf16) {
+            uint16_t *out = (uint16_t *)s->out + b * k * D;
+            for (int64_t i = 0; i < k * D; i++) out[i] = float_to_bf16(acc[i]);
+        } else {
+            memcpy((float *)s->out + b * k * D, acc, (size_t)(k * D) * sizeof(float));
+        }
+    }
+    free(acc);
+}
+
+static void context_back_range(void *p, int64_t start, int64_t stop) {
+    const struct context_args *s = (const struct context_args *)p;
+    const int64_t k = s->k, L = s->L, D = s->D;
+    for (int64_t b = start; b < stop; b++) {
+        float *grad_alpha = (float *)s->out + b * k * L;
+        for (int64_t l = 0; l < L; l++)
+            for (int64_t j = 0; j < k; j++)
+                grad_alpha[j * L + l] =
+                    s->bf16 ? dot_bf16((const uint16_t *)s->feats + (b * L + l) * D,
+                                       (const uint16_t *)s->grad + (b * k + j) * D, D)
+                            : dot_f32((const float *)s->feats + (b * L + l) * D,
+                                      (const float *)s->grad + (b * k + j) * D, D);
+    }
+}
+
+void attention_context(const float *alpha, const void *feats, int bf16, void *out,
+                       int64_t B, int64_t k, int64_t L, int64_t D, int threads) {
+    struct context_args s = {alpha, feats, NULL, out, bf16, k, L, D};
+    parallel(context_range, &s, B, threads);
+}
+
+void attention_context_backward(const void *feats, const void *grad, int bf16, float *grad_alpha,
+                                int64_t B, int64_t k, int64_t L, int64_t D, int threads) {
+    struct context_args s = {NULL, feats, grad, grad_alpha, bf16, k, L, D};
+    parallel(context_back_range, &s, B, threads);
+}
+
 /* ---- each row's best words and its softmax normaliser ------------------------------------- */
 
 struct top_args {
@@ -158,13 +266,6 @@ struct top_args {
     float *row_max; /* (N,) */
     double *sum;    /* (N,) sum_i exp(x_i - row_max) */
 };
-
-static inline float bf16_to_float(uint16_t v) {
-    uint32_t bits = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
 
 /* Words per piece of a row: converted to fp32 into a buffer that stays in L1, however large V is. */
 #define PIECE 2048
