@@ -25,7 +25,8 @@ from explorer.settings import ServerSettings
 _BOOL = {"1": True, "true": True, "0": False, "false": False}
 URL_WIDGETS: dict[str, Callable[[str], Any]] = {
     "ckpt": str, "cmp_soft": str, "cmp_hard": str, "source": str, "scene": int, "beam": int, "maxlen": int,
-    "lnorm": float, "kinds": lambda v: _BOOL[v.lower()], "hard_mode": str, "seed": int, "method": str,
+    "lnorm": float, "kinds": lambda v: _BOOL[v.lower()], "counts": lambda v: _BOOL[v.lower()], "hard_mode": str,
+    "seed": int, "method": str,
     "sigma": float, "norm": str, "opacity": float,
     "cmap": str, "coverage": lambda v: _BOOL[v.lower()], "masks": lambda v: _BOOL[v.lower()],
     "cmp_source": str, "cmp_ref": int, "cmp_text": str, "cmp_step": int, "cmp_seed": int, "cmp_n": int,
@@ -41,13 +42,15 @@ DECODE_WIDGETS = {"beam": "beam_size", "maxlen": "max_len", "lnorm": "length_nor
                   "kinds": "one_mention_per_kind", "hard_mode": "hard_mode", "seed": "seed"}
 DEFAULTS: dict[str, Any] = {
     "source": "Gallery scene", **{key: getattr(_DECODE, name) for key, name in DECODE_WIDGETS.items()},
+    "counts": bool(_DECODE.count_prior),
     "method": "nearest", "sigma": 0.0, "norm": "word", "opacity": 0.6, "cmap": "viridis",
     "coverage": False, "masks": False,
     "cmp_source": "soft", "cmp_step": 1, "cmp_seed": 0, "cmp_n": 5, "ew_mode": "exclude",
 }
 STEP, FORCED = "step", "forced"  # plain state of the step-through view
 # Widget defaults that come from the selected checkpoint (its evaluation's beam, length normalisation and
-# one-mention-per-kind rule), with the checkpoint they came from: {"for": name, "beam": 5, "lnorm": 1.0, "kinds": True}.
+# one-mention-per-kind rule, ranking by its count head), with the checkpoint they came from:
+# {"for": name, "beam": 5, "lnorm": 1.0, "kinds": True, "counts": True}.
 CHECKPOINT_DEFAULT = "_checkpoint_default"
 
 

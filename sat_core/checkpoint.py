@@ -287,6 +287,14 @@ class LoadedCheckpoint:
         return (self.metrics or {}).get("one_mention_per_kind") is True
 
     @property
+    def count_prior(self) -> float:
+        """The ``DecodeConfig.count_prior`` its metrics were measured with (0: none, or no count head to rank by)."""
+        value = (self.metrics or {}).get("count_prior")
+        head = getattr(getattr(self.model, "decoder", None), "count_head", None)
+        usable = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        return float(value) if usable and head is not None else 0.0
+
+    @property
     def beam_size(self) -> int:
         """The beam its metrics were measured with (DecodeConfig's default if unknown)."""
         value = (self.metrics or {}).get("beam")
@@ -304,10 +312,10 @@ class LoadedCheckpoint:
             return None
 
     def decode_defaults(self) -> DecodeConfig:
-        """DecodeConfig's defaults with what its figures were measured with: beam, length normalisation
-        and the one-mention-per-kind rule (what the CLI and the explorer start from)."""
+        """DecodeConfig's defaults with what its figures were measured with: beam, length normalisation,
+        the one-mention-per-kind rule and the count head's ranking (what the CLI and the explorer start from)."""
         return DecodeConfig(beam_size=self.beam_size, length_norm=self.length_norm,
-                            one_mention_per_kind=self.one_mention_per_kind)
+                            one_mention_per_kind=self.one_mention_per_kind, count_prior=self.count_prior)
 
 
 def load_checkpoint(

@@ -287,19 +287,27 @@ def rank_by_stated_counts(model: Captioner, feats: torch.Tensor, results: list[l
 
     The head predicts, per category, 0–4 objects; a caption states 0 for every category it does not name,
     so leaving an object out costs as much as miscounting it. A plural without a number counts as 2–4."""
-    from sat_core.scenes_grounding import stated_counts
-
-    with autocast(feats.device, "fp32"):
-        summary = model.decoder.init_input(feats.float())
-        logp = torch.log_softmax(model.decoder.count_logits(summary), dim=-1).cpu()  # (B, C, 5)
+    logp = _head_log_counts(model, feats)  # (B, C, 5)
     for b, hyps in enumerate(results):
         for i, hyp in enumerate(hyps):
             if hyp.finished:
-                counts = stated_counts(hyp.words)
-                total = sum(float(logp[b, c, 2:].logsumexp(0) if n is None else logp[b, c, n])
-                            for c, n in enumerate(counts))
-                hyps[i] = dataclasses.replace(hyp, prior=weight * total)
+                hyps[i] = dataclasses.replace(hyp, prior=weight * _stated_log_prior(logp[b], hyp.words))
         hyps.sort(key=_rank)
+
+
+@torch.no_grad()
+def _head_log_counts(model: Captioner, feats: torch.Tensor) -> torch.Tensor:
+    """The count head's log p(0, 1, 2, 3, 4+ objects) per image and category, (B, C, 5) on the CPU, in fp32."""
+    with autocast(feats.device, "fp32"):
+        summary = model.decoder.init_input(feats.float())
+        return torch.log_softmax(model.decoder.count_logits(summary), dim=-1).cpu()
+
+
+def _stated_log_prior(logp: torch.Tensor, words: Sequence[str]) -> float:
+    """log p_head(the counts a caption states) from one image's (C, 5) log-probabilities."""
+    from sat_core.scenes_grounding import stated_counts
+
+    return sum(float(logp[c, 2:].logsumexp(0) if n is None else logp[c, n]) for c, n in enumerate(stated_counts(words)))
 
 
 @torch.no_grad()
@@ -780,6 +788,7 @@ class ReferenceScore:
     caption: str
     score: float  # Σ log p / len(tokens incl. <end>) ** length_norm, as Hypothesis.score
     reachable: int  # references beam search could have produced (known words, within the length cap)
+    prior: float = 0.0  # with DecodeConfig.count_prior, as Hypothesis.prior; references are ranked by score + prior
 
 
 def check_search_errors(model: Captioner, cfg: DecodeConfig) -> None:
@@ -811,8 +820,14 @@ def best_reference(
     padded = [ids + [vocab.end_id] * (width - len(ids)) for _, ids in captions]  # (R, T), scored up to len
     logps = _teacher_force(model, vocab, image, padded, precision=cfg.precision)[0]  # (R, T)
     scores = [float(logps[r, : len(ids)].sum()) / len(ids) ** cfg.length_norm for r, (_, ids) in enumerate(captions)]
-    best = int(np.argmax(scores))
-    return ReferenceScore(captions[best][0], scores[best], len(captions))
+    priors = [0.0] * len(captions)
+    if cfg.count_prior:  # the search ranks its captions by score + prior: so are the references
+        with torch.no_grad(), autocast(next(model.parameters()).device, cfg.precision):
+            feats = _encode(model, _as_batch(image), next(model.parameters()).device).feats
+        logp = _head_log_counts(model, feats)[0]
+        priors = [cfg.count_prior * _stated_log_prior(logp, vocab.decode(ids)) for _, ids in captions]
+    best = int(np.argmax([score + prior for score, prior in zip(scores, priors)]))
+    return ReferenceScore(captions[best][0], scores[best], len(captions), priors[best])
 
 
 @dataclass

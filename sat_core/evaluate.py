@@ -194,8 +194,10 @@ def image_record(dec: Decoded, scores: dict[str, float], stats: WordStats) -> tu
     }
     if dec.reference is not None:
         ref = dec.reference
-        record.update(best_reference={"caption": ref.caption, "score": ref.score, "reachable": ref.reachable},
-                      search_error=ref.caption != hyp.caption and ref.score > hyp.score + SEARCH_MARGIN)
+        record.update(best_reference={"caption": ref.caption, "score": ref.score, "reachable": ref.reachable,
+                                      **({"prior": ref.prior} if ref.prior else {})},
+                      search_error=(ref.caption != hyp.caption  # ranked as the search ranks: score + prior
+                                    and ref.score + ref.prior > hyp.score + hyp.prior + SEARCH_MARGIN))
     elif dec.references_scored:  # no reference beam search could have said (unknown words, too long)
         record.update(best_reference=None, search_error=None)
     if dec.record.objects is None:

@@ -28,6 +28,9 @@ def test_card_prints_counts_as_integers_and_scores_to_three_decimals(result, che
     assert result["one_mention_per_kind"] is False
     guarded = model_card("soft", config, {**json.loads(json.dumps(result)), "one_mention_per_kind": True})
     assert (f"length normalisation {result['length_norm']}, one mention per kind, {result['precision']})") in guarded
+    ranked = model_card("soft", config, {**json.loads(json.dumps(result)), "count_prior": 1.0})
+    assert (f"length normalisation {result['length_norm']}, ranked by the count head (count prior 1), "
+            f"{result['precision']})") in ranked
 
 
 def test_evaluate_card_writes_metrics_records_and_card_into_the_checkpoint(checkpoint, world_data, tmp_path, capsys):

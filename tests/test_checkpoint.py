@@ -83,16 +83,36 @@ def test_save_then_load_round_trip(tmp_path: Path, stand_in: StandIn) -> None:
         assert states_equal(tensors, stand_in.state_dict())
 
 
+class CountingStandIn(StandIn):
+    """The StandIn with a count head where the Captioner keeps one."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.decoder = nn.Module()
+        self.decoder.count_head = nn.Linear(config.hidden_dim, 5)
+
+
 @pytest.mark.parametrize("metrics, expected", [
-    (None, (3, 0.0, False)),
-    ({"beam": 5, "length_norm": 1.0, "one_mention_per_kind": True}, (5, 1.0, True)),
-    ({"beam": 0, "length_norm": "1", "one_mention_per_kind": "yes"}, (3, 0.0, False)),  # not usable: defaults
+    (None, (3, 0.0, False, 0.0)),
+    ({"beam": 5, "length_norm": 1.0, "one_mention_per_kind": True, "count_prior": 1.0}, (5, 1.0, True, 1.0)),
+    ({"beam": 0, "length_norm": "1", "one_mention_per_kind": "yes", "count_prior": True},
+     (3, 0.0, False, 0.0)),  # not usable: defaults
+    ({"count_prior": -1.0}, (3, 0.0, False, 0.0)),
 ])
-def test_decoding_defaults_come_from_what_the_metrics_were_measured_with(tmp_path: Path, stand_in: StandIn,
+def test_decoding_defaults_come_from_what_the_metrics_were_measured_with(tmp_path: Path, monkeypatch,
                                                                         metrics, expected) -> None:
-    loaded = load_checkpoint(save(tmp_path / "ck", stand_in, metrics=metrics))
+    monkeypatch.setattr(ckpt, "_build_model", CountingStandIn)
+    loaded = load_checkpoint(save(tmp_path / "ck", CountingStandIn(tiny_config()), metrics=metrics))
     cfg = loaded.decode_defaults()
-    assert (cfg.beam_size, cfg.length_norm, cfg.one_mention_per_kind) == expected
+    assert (cfg.beam_size, cfg.length_norm, cfg.one_mention_per_kind, cfg.count_prior) == expected
+
+
+def test_a_count_prior_needs_the_count_head_to_rank_by(tmp_path: Path, stand_in: StandIn) -> None:
+    """Metrics measured with a count prior on a model without a head (edited by hand): decoding leaves it off
+    instead of refusing every caption."""
+    loaded = load_checkpoint(save(tmp_path / "ck", stand_in, metrics={"beam": 5, "count_prior": 1.0}))
+    assert loaded.count_prior == 0.0 and loaded.decode_defaults().count_prior == 0.0
+    assert loaded.decode_defaults().beam_size == 5
 
 
 def test_pretrained_never_fetched_when_loading(tmp_path: Path, stand_in: StandIn, monkeypatch) -> None:

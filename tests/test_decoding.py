@@ -539,3 +539,30 @@ def test_count_prior_needs_a_count_head(tiny_model, vocab):
     from sat_core.errors import SatError
     with pytest.raises(SatError, match="--count-prior needs a model with a count head"):
         beam_search(tiny_model, torch.randn(1, 3, 32, 32), vocab, DecodeConfig(beam_size=2, count_prior=1.0))
+
+
+def test_search_errors_rank_the_references_as_a_count_prior_ranks_the_captions():
+    """With --count-prior the search ranks its captions by score + prior, so the reference it is judged against
+    is the one with the best score + prior: "two dogs", which the head believes, not the likelier "a dog"."""
+    from sat_core.decoding import best_reference
+    from sat_core.models.captioner import Captioner
+    from sat_core.scenes_catalog import COUNTED
+    from sat_core.vocab import SPECIALS, Vocab
+    from tests.conftest import tiny_config
+    vocab = Vocab([*SPECIALS, "a", "two", "dog", "dogs"])
+    torch.manual_seed(0)
+    model = Captioner(tiny_config(len(vocab), init_cells=8, count_head=len(COUNTED))).eval()
+    with torch.no_grad():
+        model.decoder.count_head.weight.zero_()
+        bias = torch.full((len(COUNTED), 5), -9.0)
+        bias[:, 0] = 0.0
+        bias[COUNTED.index("dog")] = torch.tensor([-9.0, -9.0, 0.0, -9.0, -9.0])  # two dogs, nothing else
+        model.decoder.count_head.bias.copy_(bias.view(-1))
+        model.decoder.L_o.bias[vocab.stoi["dog"]] += 2.0  # the words' own scores prefer "a dog"
+    image = torch.randn(1, 3, 32, 32)
+    refs = ["a dog", "two dogs"]
+    plain = best_reference(model, vocab, image, refs, DecodeConfig(length_norm=1.0, precision="fp32"))
+    assert plain.caption == "a dog" and plain.prior == 0.0
+    ranked = best_reference(model, vocab, image, refs, DecodeConfig(length_norm=1.0, precision="fp32", count_prior=1.0))
+    assert ranked.caption == "two dogs" and ranked.prior == pytest.approx(0.0, abs=0.05)
+    assert ranked.score < plain.score  # its own score is lower: the prior decided

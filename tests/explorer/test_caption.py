@@ -77,7 +77,9 @@ def test_decoding_follows_the_checkpoint_unless_a_link_sets_it(explorer_env):
     # what its metrics were measured with
     assert at.sidebar.slider(key="beam").value == 4 and at.sidebar.slider(key="lnorm").value == 1.0
     assert at.sidebar.checkbox(key="kinds").value is True
-    assert not {"beam", "lnorm", "kinds"} & set(at.query_params)  # the checkpoint's own defaults: links leave them out
+    # its metrics name no count prior, and it has no count head to rank by
+    assert at.sidebar.checkbox(key="counts").value is False and at.sidebar.checkbox(key="counts").disabled
+    assert not {"beam", "lnorm", "kinds", "counts"} & set(at.query_params)  # the checkpoint's own: links leave them out
     scene = at.sidebar.selectbox(key="scene").value
     hyps = expected_beams(explorer_env, "hard-normed", explorer_env.scene_path(scene), beam=4, length_norm=1.0)
     assert caption_shown(at) == (hyps[0].caption or "(empty)")
