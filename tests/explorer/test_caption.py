@@ -200,7 +200,7 @@ def test_photo_upload_warns_by_the_encoders_view_when_colours_look_familiar(expl
     from PIL import Image
 
     from sat_core.card import annotation_statistics
-    from sat_core.checkpoint import save_checkpoint
+    from sat_core.checkpoint import load_checkpoint, save_checkpoint
     from sat_core.domain import ANNOTATION_MARGIN, AnnotationReference, DomainReference, mean_annotations
 
     from sat_core.config import ModelConfig, PreprocessConfig
@@ -243,3 +243,40 @@ def test_the_card_says_what_taught_alpha(explorer_env, ckpt, taught):
     facts = at.dataframe[0].value.set_index("")["value"]
     assert facts["α trained by"] == taught
     assert facts["gate β"] == ("off" if "hard" in ckpt else "on")  # hard attention has no gate, whatever its config
+
+
+def test_a_checkpoint_ranked_by_its_count_head_shows_the_prior_that_ranked_its_beam(explorer_env, tmp_path,
+                                                                                    monkeypatch):
+    """A checkpoint evaluated with --count-prior: the sidebar's 'Rank by the count head' starts on, the beam
+    table shows each caption's prior (as beam_search computes it), and switching it off drops the column."""
+    import os
+
+    import torch
+
+    from sat_core.checkpoint import load_checkpoint, save_checkpoint
+    from sat_core.config import ModelConfig, PreprocessConfig
+    from sat_core.models.captioner import Captioner
+    from sat_core.scenes_catalog import COUNTED
+
+    soft = explorer_env.checkpoint("soft")
+    torch.manual_seed(4)
+    config = ModelConfig(vocab_size=len(soft.vocab), small_channels=(8, 16, 16), feature_dim=16, embed_dim=16,
+                         hidden_dim=32, attn_dim=16, dropout=0.0, init_cells=8, count_head=len(COUNTED))
+    save_checkpoint(tmp_path / "tiny-counts", Captioner(config).eval(), model_config=config, vocab=soft.vocab,
+                    preprocess=PreprocessConfig(), metrics={"beam": 3, "count_prior": 0.5})
+    monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
+    at = new_app({"ckpt": "tiny-counts"})
+    at.run()
+    assert not at.exception, at.exception
+    box = at.sidebar.checkbox(key="counts")
+    assert box.value is True and not box.disabled
+    scene = at.sidebar.selectbox(key="scene").value
+    loaded = load_checkpoint(tmp_path / "tiny-counts")
+    tensor, _ = preprocess(load_image(explorer_env.scene_path(scene)), loaded.preprocess)
+    hyps = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, DecodeConfig(beam_size=3, count_prior=0.5))[0]
+    table = at.dataframe[0].value
+    assert list(table["caption"]) == [h.caption for h in hyps]
+    assert list(table["count prior"]) == pytest.approx([round(h.prior, 3) for h in hyps], abs=1e-3)
+    assert all(p < 0 for p in table["count prior"])  # log-probabilities of the counts, weighted by 0.5
+    box.uncheck().run()
+    assert "count prior" not in at.dataframe[0].value.columns
