@@ -250,9 +250,7 @@ def beam_search(
     """
     cfg = cfg or DecodeConfig()
     K = cfg.beam_size  # DecodeConfig guarantees K ≥ 1 and max_len ≥ 1
-    if cfg.count_prior and model.decoder.count_head is None:
-        raise SatError("--count-prior needs a model with a count head (one trained with --count-lambda on the "
-                       "scenes world); this one has none: drop --count-prior.")
+    check_decoding(model, cfg)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -274,6 +272,13 @@ def beam_search(
         if was_training:
             model.train()
     return results
+
+
+def check_decoding(model: Captioner, cfg: DecodeConfig) -> None:
+    """Raise SatError for settings this model cannot decode with (CLIs call it before reading any image)."""
+    if cfg.count_prior and model.decoder.count_head is None:
+        raise SatError("--count-prior needs a model with a count head (one trained with --count-lambda on the "
+                       "scenes world); this one has none: drop --count-prior.")
 
 
 def _rank(hyp: Hypothesis) -> tuple[bool, float]:
