@@ -192,7 +192,8 @@ def main() -> None:
         "records as `python -m sat_core.evaluate --records`. *search error*: *yes* when the model itself scores "
         "one of the references (shown) higher than the caption beam search returned, so a better search "
         "would have helped; *no* when it prefers its own caption to every reference, so the caption's "
-        "mistakes are the model's (`--search-errors`)."))
+        "mistakes are the model's (`--search-errors`). With *Rank by the count head* on, captions and "
+        "references are compared as the search ranks them: score + count prior."))
 
 
 main()
