@@ -99,8 +99,8 @@ def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
         device = next(loaded.model.parameters()).device
         st.sidebar.caption(f"Matrix products in **{resolve(device, 'auto')}** ({describe(device)}).",
                            help="bf16 where the hardware multiplies it faster than fp32 (CUDA, AMX, AMD's "
-                                "AVX512-BF16), else fp32; bf16 gives the same best caption for 97–98 % of "
-                                "test scenes (README, Benchmarks).")
+                                "AVX512-BF16), else fp32; bf16 gives the same best caption as fp32 for 98–99 % "
+                                "of the shipped models' test scenes (README, Benchmarks).")
     return DecodeConfig(beam_size=beam, max_len=max_len, length_norm=float(length_norm), hard_mode=hard_mode,
                         seed=seed, one_mention_per_kind=bool(kinds),
                         count_prior=(loaded.count_prior or COUNT_PRIOR) if counts and head else 0.0)
