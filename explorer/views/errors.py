@@ -102,16 +102,26 @@ def draw_summaries(data: dict) -> None:
         col.metric(label, "—" if value is None else f"{value:.3f}", help=helps.get(label))
 
 
+def _as_evaluated(loaded, cfg) -> bool:
+    """Whether the sidebar decodes as the checkpoint's stored records were made: the settings it takes from the
+    checkpoint (beam, length normalisation, one mention per kind, the count head's ranking) unchanged."""
+    made = loaded.decode_defaults()
+    followed = ("beam_size", "length_norm", "one_mention_per_kind", "count_prior")
+    return all(getattr(cfg, name) == getattr(made, name) for name in followed)
+
+
 def load_records(ctx, loaded, cfg) -> dict:
-    """Records of every image of the dataset split: stored with the checkpoint, cached on disk, or computed
-    now with a progress bar (then cached on disk for this checkpoint and dataset)."""
+    """Records of every image of the dataset split: stored with the checkpoint (when the sidebar decodes as
+    they were made), cached on disk, or computed now with a progress bar (then cached on disk for this
+    checkpoint, dataset and decoding)."""
     gallery = ctx.gallery
     if gallery is None:
         st.error(ctx.gallery_error or "No dataset to analyse.")
         st.stop()
     key = res.stamp(loaded.path)
     try:
-        data = res.stored_records(loaded, gallery) or res.cached_records(key, gallery, cfg)
+        stored = res.stored_records(loaded, gallery) if _as_evaluated(loaded, cfg) else None
+        data = stored or res.cached_records(key, gallery, cfg)
         if data is None:
             bar = st.progress(0.0, text=f"Evaluating {len(gallery.ids)} images of {gallery.note} (once per checkpoint)…")
             data = res.compute_records(key, loaded, gallery, cfg,

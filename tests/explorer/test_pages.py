@@ -169,3 +169,9 @@ def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkey
         assert counts.loc[2, "counts scored"] == 3 and counts.loc[2, "right"] == pytest.approx(1 / 3)
         assert (counts.loc[2, "said 1"], counts.loc[2, "said 2"], counts.loc[2, "said 3"]) == (1, 1, 1)
         assert counts.loc[3, "said plural"] == 1 and counts.loc[3, "right"] == 1.0
+    # Another decoding than the records were made with: the page decodes the split itself instead of showing them.
+    at.sidebar.slider(key="beam").set_value(2).run()
+    assert not at.exception, at.exception
+    captions = list(at.dataframe[0].value["caption"])
+    assert captions and not any(c.startswith("stored caption") for c in captions)
+    assert any("computed over" in c.value and "beam 2" in c.value for c in at.caption)
