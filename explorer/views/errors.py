@@ -123,7 +123,8 @@ def load_records(ctx, loaded, cfg) -> dict:
         stored = res.stored_records(loaded, gallery) if _as_evaluated(loaded, cfg) else None
         data = stored or res.cached_records(key, gallery, cfg)
         if data is None:
-            bar = st.progress(0.0, text=f"Evaluating {len(gallery.ids)} images of {gallery.note} (once per checkpoint)…")
+            bar = st.progress(0.0, text=f"Evaluating {len(gallery.ids)} images of {gallery.note} "
+                                        "(once per checkpoint and decoding)…")
             data = res.compute_records(key, loaded, gallery, cfg,
                                        progress=lambda done, total: bar.progress(done / total, text=(
                                            f"Evaluating: {done} of {total} images decoded")))
