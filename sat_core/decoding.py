@@ -823,13 +823,13 @@ def best_reference(
         return None
     width = max(len(ids) for _, ids in captions)
     padded = [ids + [vocab.end_id] * (width - len(ids)) for _, ids in captions]  # (R, T), scored up to len
+    if cfg.count_prior and not isinstance(image, Annotations):
+        image = encode_images(model, _as_batch(image), cfg.precision)  # once, for the words and for the head
     logps = _teacher_force(model, vocab, image, padded, precision=cfg.precision)[0]  # (R, T)
     scores = [float(logps[r, : len(ids)].sum()) / len(ids) ** cfg.length_norm for r, (_, ids) in enumerate(captions)]
     priors = [0.0] * len(captions)
     if cfg.count_prior:  # the search ranks its captions by score + prior: so are the references
-        with torch.no_grad(), autocast(next(model.parameters()).device, cfg.precision):
-            feats = _encode(model, _as_batch(image), next(model.parameters()).device).feats
-        logp = _head_log_counts(model, feats)[0]
+        logp = _head_log_counts(model, image.feats)[0]
         priors = [cfg.count_prior * _stated_log_prior(logp, vocab.decode(ids)) for _, ids in captions]
     best = int(np.argmax([score + prior for score, prior in zip(scores, priors)]))
     return ReferenceScore(captions[best][0], scores[best], len(captions), priors[best])
