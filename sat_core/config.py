@@ -185,6 +185,10 @@ class ModelConfig(Config):
     count_head: int = option(0, "with --init-cells: a head on the counting state predicts how many objects "
                              "(0–4) of each of N categories the scene holds, trained with --count-lambda "
                              "(scenes world; set from its categories); 0: none", low=0, derived=True)
+    count_colours: int = option(0, "with count_head: the head also predicts how many objects (0–4) of each of N "
+                                "(category, colour) pairs the scene holds, for the categories that come in "
+                                "several colours (--count-colours; set from the world's variants); 0: none",
+                                low=0, derived=True)
     vocab_size: int = option(0, "K, set from the vocabulary", low=0, derived=True)
     embed_dim: int = option(64, "m, word embedding size", low=1)
     hidden_dim: int = option(256, "n, LSTM size", low=1)
@@ -224,6 +228,8 @@ class ModelConfig(Config):
                            "--multiscale or --coarse; drop --shallow or those.")
         if self.count_head and not self.init_cells:
             raise SatError("--count-lambda trains a head on the counting state: it needs --init-cells G > 0.")
+        if self.count_colours and not self.count_head:
+            raise SatError("--count-colours widens the count head: it needs --count-lambda > 0.")
         if self.tune_blocks and (self.encoder != "efficientnet_lite0" or self.multiscale or self.coarse
                                  or self.finetune_encoder or self.tune_blocks > (7 if self.shallow else 10)):
             raise SatError(f"--tune-blocks {self.tune_blocks}: trains 1 to 10 (7 with --shallow) of "
@@ -246,7 +252,8 @@ class DecodeConfig(Config):
                               "scored again in fp32 and ranked by it (near-ties decide between equally good "
                               "captions, which bf16's rounding would otherwise pick); 0: off", low=0.0)
     count_prior: float = option(0.0, "scenes models with a count head (--count-lambda): rank the finished captions by "
-                                "score + this × log p(the counts they state) under the head; 0: off", low=0.0)
+                                "score + this × log p(the counts they state) under the head (with --count-colours, the colours' "
+                                "counts too); 0: off", low=0.0)
     hard_mode: str = option("expect", "hard attention at test time: expectation α or a sampled location",
                             choices=("expect", "sample"))
     seed: int = option(0, "seed of hard_mode=sample", low=0)
@@ -285,6 +292,9 @@ class OptimConfig(Config):
                                  "of each category the scene holds, summed over categories, per image, read "
                                  "from the summed cells (--init-cells; scenes world); 0: captions alone teach "
                                  "it to count", low=0.0)
+    count_colours: bool = option(False, "--count-lambda's head also counts each colour of the categories that come "
+                                 "in several (red, blue and yellow cars), so the count prior (--count-prior) can "
+                                 "judge \"two red cars\" said of a red and a yellow car")
     count_encoder: bool = option(True, "--count-lambda's loss also trains the encoder's tuned blocks (--tune-blocks); "
                                  "off: only the counting state's layers and its head learn from it")
     attention_lambda: float = option(0.0, "weight of supervised attention (Liu et al., 2017; not in the paper): "

@@ -291,7 +291,9 @@ def rank_by_stated_counts(model: Captioner, feats: torch.Tensor, results: list[l
     p_head(the counts the caption states), the count head reading the image's annotations (B, L, D).
 
     The head predicts, per category, 0–4 objects; a caption states 0 for every category it does not name,
-    so leaving an object out costs as much as miscounting it. A plural without a number counts as 2–4."""
+    so leaving an object out costs as much as miscounting it. A plural without a number counts as 2–4.
+    A head that also counts colours (``ModelConfig.count_colours``) judges too the colours of a category
+    the caption names with a number and a colour in every mention ("two red cars and a yellow car")."""
     logp = _head_log_counts(model, feats)  # (B, C, 5)
     for b, hyps in enumerate(results):
         for i, hyp in enumerate(hyps):
@@ -309,10 +311,16 @@ def _head_log_counts(model: Captioner, feats: torch.Tensor) -> torch.Tensor:
 
 
 def _stated_log_prior(logp: torch.Tensor, words: Sequence[str]) -> float:
-    """log p_head(the counts a caption states) from one image's (C, 5) log-probabilities."""
-    from sat_core.scenes_grounding import stated_counts
+    """log p_head(the counts a caption states) from one image's (C, 5) log-probabilities: its categories'
+    counts, then, for a head that counts colour pairs too, the colours' counts the caption states."""
+    from sat_core.scenes_grounding import stated_colour_counts, stated_counts
 
-    return sum(float(logp[c, 2:].logsumexp(0) if n is None else logp[c, n]) for c, n in enumerate(stated_counts(words)))
+    categories = stated_counts(words)
+    total = sum(float(logp[c, 2:].logsumexp(0) if n is None else logp[c, n]) for c, n in enumerate(categories))
+    if logp.shape[0] > len(categories):  # ModelConfig.count_colours: rows after the categories are colour pairs
+        pairs = logp[len(categories):]
+        total += sum(float(pairs[k, n]) for k, n in enumerate(stated_colour_counts(words)) if n is not None)
+    return total
 
 
 @torch.no_grad()

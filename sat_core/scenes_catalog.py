@@ -159,3 +159,21 @@ def category_counts(objects: list[dict]) -> list[int]:
     for o in objects:
         counts[COUNTED.index(o["category"])] += 1
     return [min(n, 4) for n in counts]
+
+
+def _colours(category: Category) -> list[str]:
+    return sorted({v.colour for v in category.variants if v.colour} | {c for v in category.variants for c in v.recolour})
+
+
+# The (category, colour) pairs of the categories that come in several colours (red, blue and yellow cars),
+# in this order: what a count head with ``ModelConfig.count_colours`` also predicts.
+COLOUR_PAIRS = [(c, colour) for c in COUNTED for colour in _colours(CATEGORIES[c]) if len(_colours(CATEGORIES[c])) > 1]
+
+
+def colour_counts(objects: list[dict]) -> list[int]:
+    """How many objects of each of ``COLOUR_PAIRS`` a scene holds, 4 for four or more."""
+    counts = [0] * len(COLOUR_PAIRS)
+    for o in objects:
+        if (o["category"], o.get("colour")) in COLOUR_PAIRS:
+            counts[COLOUR_PAIRS.index((o["category"], o["colour"]))] += 1
+    return [min(n, 4) for n in counts]

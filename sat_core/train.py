@@ -38,7 +38,7 @@ from sat_core.models.captioner import Captioner
 from sat_core.models.encoder import FEATURE_DIMS, Annotations, load_torchvision_weights
 from sat_core.precision import autocast, resolve
 from sat_core.regions import AttentionTargets
-from sat_core.scenes_catalog import COUNTED, category_counts
+from sat_core.scenes_catalog import COLOUR_PAIRS, COUNTED, category_counts, colour_counts
 from sat_core.vocab import Vocab
 
 STATE_TENSORS, STATE_JSON = "state.safetensors", "state.json"
@@ -77,8 +77,9 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     # efficientnet_lite0's ImageNet weights always come with it (pip): a frozen random net is useless
     pretrained = m.pretrained or bool(cfg.encoder_weights) or m.encoder == "efficientnet_lite0"
     count_head = len(COUNTED) if cfg.optim.count_lambda else 0
+    count_colours = len(COLOUR_PAIRS) if cfg.optim.count_lambda and cfg.optim.count_colours else 0
     return dataclasses.replace(m, feature_dim=feature_dim, vocab_size=vocab_size, pretrained=pretrained,
-                               count_head=count_head)
+                               count_head=count_head, count_colours=count_colours)
 
 
 def preprocess_config(cfg: TrainConfig) -> PreprocessConfig:
@@ -226,7 +227,10 @@ class Trainer:
             self.val_images.image_ids = self.val_images.image_ids[: cfg.data.val_images]
 
     def _count_targets(self) -> torch.Tensor:
-        """How many of each category every training image holds (0–4): the count head's targets."""
+        """How many of each category (and with --count-colours, of each colour pair) every training image
+        holds (0–4): the count head's targets."""
+        colours = self.cfg.optim.count_colours
+        width = len(COUNTED) + (len(COLOUR_PAIRS) if colours else 0)
         rows = []
         for image in self.data.images:
             objects = image.objects or []
@@ -234,7 +238,10 @@ class Trainer:
                 raise SatError(f"--count-lambda needs the scenes world's objects (a category from "
                                f"sat_core.scenes_catalog for each), and training image {image.path.name} has "
                                "none; drop --count-lambda or train on a scenes world.")
-            rows.append(category_counts(objects) if image.split == "train" else [0] * len(COUNTED))
+            if image.split != "train":
+                rows.append([0] * width)
+            else:
+                rows.append(category_counts(objects) + (colour_counts(objects) if colours else []))
         return torch.tensor(rows, dtype=torch.long)
 
     def _build_model(self) -> None:

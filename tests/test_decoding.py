@@ -535,6 +535,38 @@ def test_count_prior_ranks_the_caption_whose_counts_the_head_believes_first():
     assert strong[0][1].prior == pytest.approx(-9.0, abs=0.05) and strong[0][2].prior == pytest.approx(-9.0, abs=0.05)
 
 
+def test_a_head_that_counts_colours_judges_the_colours_a_caption_states():
+    """The head sees a red and a yellow car: "two red cars" states the right number of cars, so a head of
+    categories alone cannot tell it from "a red car and a yellow car"; one that counts colour pairs can."""
+    from sat_core.decoding import rank_by_stated_counts
+    from sat_core.models.captioner import Captioner
+    from sat_core.scenes_catalog import COLOUR_PAIRS, COUNTED
+    from tests.conftest import tiny_config
+
+    def ranked(count_colours):
+        torch.manual_seed(0)
+        model = Captioner(tiny_config(12, init_cells=8, count_head=len(COUNTED), count_colours=count_colours)).eval()
+        with torch.no_grad():
+            model.decoder.count_head.weight.zero_()
+            bias = torch.full((len(COUNTED) + count_colours, 5), -9.0)
+            bias[:, 0] = 0.0  # none of anything ...
+            bias[COUNTED.index("car")] = torch.tensor([-9.0, -9.0, 0.0, -9.0, -9.0])  # ... but two cars:
+            for colour in ("red", "yellow"):  # a red one and a yellow one
+                if count_colours:
+                    bias[len(COUNTED) + COLOUR_PAIRS.index(("car", colour))] = torch.tensor([-9.0, 0.0, -9.0, -9.0, -9.0])
+            model.decoder.count_head.bias.copy_(bias.view(-1))
+        hyps = [[_finished("two red cars".split(), -0.1), _finished("a red car and a yellow car".split(), -0.3)]]
+        rank_by_stated_counts(model, torch.randn(1, 16, model.config.feature_dim), hyps, 1.0)
+        return hyps[0]
+
+    alone = ranked(0)
+    assert " ".join(alone[0].words) == "two red cars"  # the same prior for both: the scores decide
+    assert alone[0].prior == pytest.approx(alone[1].prior, abs=1e-6)
+    judged = ranked(len(COLOUR_PAIRS))
+    assert " ".join(judged[0].words) == "a red car and a yellow car"
+    assert judged[1].prior == pytest.approx(judged[0].prior - 18.0, abs=0.1)  # red 2 (−9) and yellow 0 (−9)
+
+
 def test_count_prior_needs_a_count_head(tiny_model, vocab):
     from sat_core.errors import SatError
     with pytest.raises(SatError, match="--count-prior needs a model with a count head"):

@@ -429,6 +429,24 @@ def test_category_counts_follow_the_catalogue_and_stop_at_four():
     assert counts[COUNTED.index("dog")] == 4 and counts[COUNTED.index("cat")] == 1
 
 
+def test_colour_counts_count_each_colour_of_the_categories_that_have_several():
+    from sat_core.scenes_catalog import COLOUR_PAIRS, colour_counts
+    objects = ([{"category": "car", "colour": "red"}] * 2 + [{"category": "car", "colour": "yellow"}]
+               + [{"category": "balloon", "colour": "blue"}] * 5 + [{"category": "house", "colour": None}])
+    counts = colour_counts(objects)
+    assert len(counts) == len(COLOUR_PAIRS) == 24 and sum(counts) == 7
+    assert counts[COLOUR_PAIRS.index(("car", "red"))] == 2 and counts[COLOUR_PAIRS.index(("car", "yellow"))] == 1
+    assert counts[COLOUR_PAIRS.index(("balloon", "blue"))] == 4  # four or more
+    assert ("house", None) not in COLOUR_PAIRS and ("cow", None) not in COLOUR_PAIRS
+
+
+def test_count_colours_need_a_count_head():
+    from sat_core.config import ModelConfig
+    from sat_core.errors import SatError
+    with pytest.raises(SatError, match="--count-colours widens the count head"):
+        ModelConfig(count_colours=4, init_cells=8)
+
+
 def test_a_count_head_needs_the_counting_state():
     from sat_core.config import ModelConfig
     from sat_core.errors import SatError
@@ -451,25 +469,30 @@ def test_the_count_loss_reaches_the_annotations_only_with_count_encoder(count_en
     assert reached == count_encoder
 
 
-def test_count_lambda_trains_a_head_that_learns_the_scenes_counts(tmp_path, capsys):
-    """--count-lambda on a tiny scenes world: the head is built, saved, trained (its loss falls), and
-    the checkpoint still decodes; on the shapes world it is refused with a message."""
+@pytest.mark.parametrize("colours", [False, True])
+def test_count_lambda_trains_a_head_that_learns_the_scenes_counts(tmp_path, capsys, colours):
+    """--count-lambda on a tiny scenes world: the head is built (with --count-colours, wider by the colour
+    pairs), saved, trained (its loss falls), and the checkpoint still decodes, with the count prior too; on
+    the shapes world it is refused with a message."""
     from sat_core import world
-    from sat_core.scenes_catalog import COUNTED
+    from sat_core.scenes_catalog import COLOUR_PAIRS, COUNTED
     data = world.generate(tmp_path / "scenes", 12, 2, 0, seed=5, workers=1, kind="scenes")
     run = tmp_path / "run"
     flags = ["--init-cells", "8", "--count-lambda", "0.2", "--epochs", "6", "--lr", "1e-2", "--patience", "0",
-             "--allow-random-encoder"]
+             "--allow-random-encoder", *(["--count-colours"] if colours else [])]
     assert train.main(train_args(data, tmp_path / "scenes", run, *flags)) == 0
     config = json.loads((run / "last" / "config.json").read_text())
-    assert config["model"]["count_head"] == len(COUNTED)
+    pairs = len(COLOUR_PAIRS) if colours else 0
+    assert config["model"]["count_head"] == len(COUNTED) and config["model"]["count_colours"] == pairs
     weights = read_tensors(run / "last" / ckpt.WEIGHTS_FILE)[0]
-    assert tuple(weights["decoder.count_head.weight"].shape) == (len(COUNTED) * 5, 8)
+    assert tuple(weights["decoder.count_head.weight"].shape) == ((len(COUNTED) + pairs) * 5, 8)
     epochs = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if "count" in r]
     assert len(epochs) == 6 and epochs[-1]["count"] < 0.5 * epochs[0]["count"]
     loaded = ckpt.load_checkpoint(run / "last")
     images = torch.rand(2, 3, 32, 32)
     assert len(beam_search(loaded.model, images, loaded.vocab, DecodeConfig(beam_size=2, max_len=5))) == 2
+    ranked = beam_search(loaded.model, images, loaded.vocab, DecodeConfig(beam_size=2, max_len=5, count_prior=1.0))
+    assert all(h.prior < 0 for hyps in ranked for h in hyps if h.finished)
     shapes, _ = make_dataset(tmp_path / "shapes")
     assert train.main(train_args(shapes, tmp_path / "shapes" / "world", tmp_path / "run2", *flags)) == 2
     assert "--count-lambda needs the scenes world's objects" in capsys.readouterr().err

@@ -83,8 +83,10 @@ class Decoder(nn.Module):
         G = config.init_cells
         # With init_cells, f_init reads a sum of per-cell detectors (how many of each), not the mean.
         self.init_cells = CellSum(D, G) if G else None
-        # The counting state's own head: how many (0–4) of each category (config.count_head), for its loss.
-        self.count_head = nn.Linear(G, config.count_head * MAX_COUNT_CLASSES) if config.count_head else None
+        # The counting state's own head: how many (0–4) of each category (config.count_head), then of each
+        # (category, colour) pair (config.count_colours), for its loss.
+        counted = config.count_head + config.count_colours
+        self.count_head = nn.Linear(G, counted * MAX_COUNT_CLASSES) if config.count_head else None
         self.init_h = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,h
         self.init_c = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,c
         self.attention = AttentionMLP(D, n, config.attn_dim, config.attention_activation)  # f_att
@@ -113,7 +115,7 @@ class Decoder(nn.Module):
 
     def count_logits(self, summary: torch.Tensor) -> torch.Tensor:
         """The count head's logits (B, N, 5) from the counting state's input (B, G) (``init_input``):
-        how many of each category."""
+        how many of each category, then (``ModelConfig.count_colours``) of each colour pair."""
         if self.count_head is None:
             raise SatError("This model has no count head (ModelConfig.count_head = 0).")
         logits = self.count_head(summary).float()  # (B, N·5)
