@@ -97,6 +97,10 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
         + (f"a {model['init_cells']}-wide per-cell layer, summed and layer-normalised (so it can count)."
            if model.get("init_cells") else "the mean annotation."),
     ]
+    if model.get("count_head"):
+        lines += [f"- Count head on that sum: how many (0–4) of each of {model['count_head']} categories"
+                  + (f" and of each of {model['count_colours']} (category, colour) pairs" if model.get("count_colours") else "")
+                  + " (`--count-lambda`); decoding reads it only to rank finished captions (`--count-prior`)."]
     if training.get("dataset"):
         lines += ["", "## Training", f"- Data: `{training['dataset']}`; epoch {training.get('epoch', '?')}, "
                                      f"step {training.get('step', '?')}."]

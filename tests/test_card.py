@@ -115,3 +115,16 @@ def test_card_says_when_attention_was_supervised(attention_lambda):
     assert lines == ([] if not attention_lambda else [
         "- Attention: supervised towards the object each word names (`--attention-lambda 0.5`, Liu et al., 2017; "
         "not in the paper): α was taught with the world's masks, not learnt from the captions alone."])
+
+
+@pytest.mark.parametrize("model, line", [
+    ({}, None),
+    ({"init_cells": 8, "count_head": 37}, "- Count head on that sum: how many (0–4) of each of 37 categories "
+     "(`--count-lambda`); decoding reads it only to rank finished captions (`--count-prior`)."),
+    ({"init_cells": 8, "count_head": 37, "count_colours": 24}, "- Count head on that sum: how many (0–4) of each of "
+     "37 categories and of each of 24 (category, colour) pairs (`--count-lambda`); decoding reads it only to rank "
+     "finished captions (`--count-prior`)."),
+])
+def test_card_describes_the_count_head(model, line):
+    card = model_card("m", {"model": {"attention": "soft", **model}}, {"split": "test"})
+    assert [x for x in card.splitlines() if x.startswith("- Count head")] == ([line] if line else [])
