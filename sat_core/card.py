@@ -98,9 +98,13 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
            if model.get("init_cells") else "the mean annotation."),
     ]
     if model.get("count_head"):
+        pairs, counter = model.get("count_colours"), model.get("colour_counter")
         lines += [f"- Count head on that sum: how many (0–4) of each of {model['count_head']} categories"
-                  + (f" and of each of {model['count_colours']} (category, colour) pairs" if model.get("count_colours") else "")
-                  + " (`--count-lambda`); decoding reads it only to rank finished captions (`--count-prior`)."]
+                  + (f" and of each of {pairs} (category, colour) pairs" if pairs and not counter else "")
+                  + " (`--count-lambda`)"
+                  + (f"; the {pairs} (category, colour) pairs by a colour counter {counter} wide, fitted after "
+                     "training (`sat_core.colour_counter`)" if pairs and counter else "")
+                  + "; decoding reads it only to rank finished captions (`--count-prior`)."]
     if training.get("dataset"):
         lines += ["", "## Training", f"- Data: `{training['dataset']}`; epoch {training.get('epoch', '?')}, "
                                      f"step {training.get('step', '?')}."]

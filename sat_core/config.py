@@ -185,10 +185,16 @@ class ModelConfig(Config):
     count_head: int = option(0, "with --init-cells: a head on the counting state predicts how many objects "
                              "(0–4) of each of N categories the scene holds, trained with --count-lambda "
                              "(scenes world; set from its categories); 0: none", low=0, derived=True)
-    count_colours: int = option(0, "with count_head: the head also predicts how many objects (0–4) of each of N "
-                                "(category, colour) pairs the scene holds, for the categories that come in "
-                                "several colours (--count-colours; set from the world's variants); 0: none",
+    count_colours: int = option(0, "with count_head: how many objects (0–4) of each of N (category, colour) pairs "
+                                "the scene holds is predicted too, for the categories that come in several "
+                                "colours — by the count head itself (--count-colours) or, with colour_counter, "
+                                "by a counter of its own (set from the world's variants); 0: none",
                                 low=0, derived=True)
+    colour_counter: int = option(0, "G' > 0: the colour pairs' counts come from a counter of their own, "
+                                 "LayerNorm(Σ_i ReLU(W' a_i + b')) G' wide and a linear head, fitted after training "
+                                 "on the trained model's annotations (python -m sat_core.colour_counter; the ship "
+                                 "runs it when the preset names it) and read only to rank captions (--count-prior); "
+                                 "0: none", low=0)
     vocab_size: int = option(0, "K, set from the vocabulary", low=0, derived=True)
     embed_dim: int = option(64, "m, word embedding size", low=1)
     hidden_dim: int = option(256, "n, LSTM size", low=1)
@@ -354,6 +360,10 @@ class TrainConfig(Config):
     channels_last: bool = option(True, "channels-last encoder inputs, CUDA only")
     progress: bool = option(True, "progress bars")
     allow_random_encoder: bool = option(False, "allow a frozen vgg/resnet encoder without pretrained weights")
+
+    def validate(self) -> None:
+        if self.model.colour_counter and not self.optim.count_lambda:
+            raise SatError("--colour-counter serves the count head's ranking of captions: it needs --count-lambda > 0.")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":

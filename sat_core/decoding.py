@@ -304,10 +304,14 @@ def rank_by_stated_counts(model: Captioner, feats: torch.Tensor, results: list[l
 
 @torch.no_grad()
 def _head_log_counts(model: Captioner, feats: torch.Tensor) -> torch.Tensor:
-    """The count head's log p(0, 1, 2, 3, 4+ objects) per image and category, (B, C, 5) on the CPU, in fp32."""
+    """The count head's log p(0, 1, 2, 3, 4+ objects) per image and category, then per colour pair where the
+    model counts them, (B, C, 5) on the CPU, in fp32."""
     with autocast(feats.device, "fp32"):
         summary = model.decoder.init_input(feats.float())
-        return torch.log_softmax(model.decoder.count_logits(summary), dim=-1).cpu()
+        logits = model.decoder.count_logits(summary)  # (B, C, 5), with count_colours' pairs after the categories
+        if model.decoder.colour_counter is not None:  # or the pairs from a counter of their own
+            logits = torch.cat([logits, model.decoder.colour_counter(feats.float())], dim=1)
+        return torch.log_softmax(logits, dim=-1).cpu()
 
 
 def _stated_log_prior(logp: torch.Tensor, words: Sequence[str]) -> float:

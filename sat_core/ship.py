@@ -151,8 +151,12 @@ def package(name: str, cfg: TrainConfig, beam: int | None, out_root: Path, *, re
 
     target = out_root / name
     loaded = ckpt.load_checkpoint(target if repackage else Path(cfg.out) / checkpoint)
-    as_shipped(loaded.model)  # the figures describe the weights in the shipped file, not the run's fp32 ones
     data = load_karpathy(cfg.data.dataset, cfg.data.images)
+    if cfg.model.colour_counter and loaded.model.decoder.colour_counter is None:  # fitted after training
+        from sat_core.colour_counter import FitConfig, add_colour_counter
+
+        loaded = add_colour_counter(loaded, data, FitConfig(width=cfg.model.colour_counter), log=print)
+    as_shipped(loaded.model)  # the figures describe the weights in the shipped file, not the run's fp32 ones
     decode = cfg.val if beam is None else dataclasses.replace(cfg.val, beam_size=beam)  # the preset's val settings
     result = evaluate(loaded, data, "test", decode, search_errors=True)
     summary = ((loaded.metrics or {}).get("training") if repackage else

@@ -78,8 +78,10 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     pretrained = m.pretrained or bool(cfg.encoder_weights) or m.encoder == "efficientnet_lite0"
     count_head = len(COUNTED) if cfg.optim.count_lambda else 0
     count_colours = len(COLOUR_PAIRS) if cfg.optim.count_lambda and cfg.optim.count_colours else 0
+    # A colour counter (ModelConfig.colour_counter) is fitted after training, on the trained model's annotations
+    # (sat_core.colour_counter): the trainer builds the model without it.
     return dataclasses.replace(m, feature_dim=feature_dim, vocab_size=vocab_size, pretrained=pretrained,
-                               count_head=count_head, count_colours=count_colours)
+                               count_head=count_head, count_colours=count_colours, colour_counter=0)
 
 
 def preprocess_config(cfg: TrainConfig) -> PreprocessConfig:

@@ -124,6 +124,10 @@ def test_card_says_when_attention_was_supervised(attention_lambda):
     ({"init_cells": 8, "count_head": 37, "count_colours": 24}, "- Count head on that sum: how many (0–4) of each of "
      "37 categories and of each of 24 (category, colour) pairs (`--count-lambda`); decoding reads it only to rank "
      "finished captions (`--count-prior`)."),
+    ({"init_cells": 8, "count_head": 37, "count_colours": 24, "colour_counter": 128}, "- Count head on that sum: how "
+     "many (0–4) of each of 37 categories (`--count-lambda`); the 24 (category, colour) pairs by a colour counter 128 "
+     "wide, fitted after training (`sat_core.colour_counter`); decoding reads it only to rank finished captions "
+     "(`--count-prior`)."),
 ])
 def test_card_describes_the_count_head(model, line):
     card = model_card("m", {"model": {"attention": "soft", **model}}, {"split": "test"})

@@ -71,6 +71,20 @@ class CellSum(nn.Module):
 MAX_COUNT_CLASSES = 5  # a count head's classes: 0, 1, 2, 3, 4 or more objects of a category
 
 
+class ColourCounter(nn.Module):
+    """How many (0–4) objects of each of N (category, colour) pairs: a CellSum G' wide and a linear head,
+    annotations (B, L, D) -> logits (B, N, 5) (``ModelConfig.colour_counter``, ``sat_core.colour_counter``)."""
+
+    def __init__(self, dim: int, width: int, pairs: int) -> None:
+        super().__init__()
+        self.cells = CellSum(dim, width)
+        self.head = nn.Linear(width, pairs * MAX_COUNT_CLASSES)
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.cells(feats)).float()
+        return logits.view(feats.shape[0], -1, MAX_COUNT_CLASSES)
+
+
 class Decoder(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -85,8 +99,11 @@ class Decoder(nn.Module):
         self.init_cells = CellSum(D, G) if G else None
         # The counting state's own head: how many (0–4) of each category (config.count_head), then of each
         # (category, colour) pair (config.count_colours), for its loss.
-        counted = config.count_head + config.count_colours
+        # With colour_counter, the colour pairs' counts come from a counter of their own, fitted after training.
+        separate = bool(config.colour_counter and config.count_colours)
+        counted = config.count_head + (0 if separate else config.count_colours)
         self.count_head = nn.Linear(G, counted * MAX_COUNT_CLASSES) if config.count_head else None
+        self.colour_counter = ColourCounter(D, config.colour_counter, config.count_colours) if separate else None
         self.init_h = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,h
         self.init_c = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,c
         self.attention = AttentionMLP(D, n, config.attn_dim, config.attention_activation)  # f_att
