@@ -719,6 +719,11 @@ def main(argv: list[str] | None = None) -> int:
     except SatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if cfg.model.colour_counter:  # a flag that this command does not act on says so, and what does
+        print(f"note: --colour-counter {cfg.model.colour_counter} is fitted after training, not by this command: run "
+              f"python -m sat_core.colour_counter --checkpoint {cfg.out}/best --data {cfg.data.dataset} --images "
+              f"{cfg.data.images} --width {cfg.model.colour_counter} --out <new folder> (python -m sat_core.ship "
+              "does it for a preset that names it).", file=sys.stderr)
     try:
         trainer = Trainer(cfg, resume)
         result = trainer.run()

@@ -110,3 +110,17 @@ def test_the_ship_fits_the_counter_a_preset_names_once(tmp_path, scenes, capsys)
     assert torch.equal(read_tensors(target / ckpt.WEIGHTS_FILE)[0]["decoder.colour_counter.head.weight"], first)
     with pytest.raises(Exception, match="--colour-counter serves the count head's ranking"):
         TrainConfig.from_dict({"model": {"colour_counter": 8}})
+
+
+def test_the_trainer_says_it_does_not_fit_the_counter_and_what_does(tmp_path, scenes, capsys):
+    from sat_core import train
+    run = tmp_path / "run"
+    assert train.main(["--data", str(scenes / "dataset.json"), "--images", str(scenes), "--out", str(run),
+                       "--init-cells", "8", "--count-lambda", "0.1", "--colour-counter", "16", "--epochs", "1",
+                       "--embed-dim", "8", "--hidden-dim", "16", "--attn-dim", "8", "--allow-random-encoder",
+                       "--min-word-count", "1", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "--colour-counter 16 is fitted after training, not by this command" in err
+    assert "python -m sat_core.colour_counter --checkpoint" in err and "--width 16" in err
+    model = json.loads((run / "last" / ckpt.CONFIG_FILE).read_text())["model"]
+    assert model["colour_counter"] == 0 and model["count_colours"] == 0
