@@ -63,7 +63,8 @@ def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
     st.sidebar.subheader("Decoding")
     if loaded is not None:  # the decoding the checkpoint's figures were measured with
         state.follow_checkpoint(name, {"beam": loaded.beam_size, "lnorm": loaded.length_norm,
-                                       "kinds": loaded.one_mention_per_kind, "counts": loaded.count_prior > 0})
+                                       "kinds": loaded.one_mention_per_kind, "distinct": loaded.distinct_content,
+                                       "counts": loaded.count_prior > 0})
     for key, low, high in (("beam", 1, 10), ("maxlen", 3, 40), ("lnorm", 0.0, 1.0)):
         state.clamp(key, low, high)
     beam = st.sidebar.slider("Beam size", 1, 10, key="beam",
@@ -80,6 +81,13 @@ def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
         help="Scenes world: a category may be named again only in another colour (\"two red apples and a "
              "green apple\"), as every reference caption of the world is written; blocks \"two dogs and a "
              "dog\". Set to what the checkpoint was evaluated with whenever a checkpoint is chosen.")
+    distinct = st.sidebar.checkbox(
+        "Distinct captions in the beam", key="distinct", disabled=beam == 1,
+        help="Scenes world: the beam keeps one caption per content — what it says about counts, colours, "
+             "objects and relations — so \"a photo of two dogs on the grass\" and \"two dogs in a park\" do not "
+             "take two of its places; the ranking by the count head then chooses among different statements. "
+             "Greedy decoding (beam 1) does not use it. Set to what the checkpoint was evaluated with whenever "
+             "a checkpoint is chosen.")
     head = loaded is not None and loaded.model.decoder.count_head is not None
     counts = st.sidebar.checkbox(
         "Rank by the count head", key="counts", disabled=not head,
@@ -102,7 +110,7 @@ def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
                                 "AVX512-BF16), else fp32; bf16 gives the same best caption as fp32 for 98–99 % "
                                 "of the shipped models' test scenes (README, Benchmarks).")
     return DecodeConfig(beam_size=beam, max_len=max_len, length_norm=float(length_norm), hard_mode=hard_mode,
-                        seed=seed, one_mention_per_kind=bool(kinds),
+                        seed=seed, one_mention_per_kind=bool(kinds), distinct_content=bool(distinct),
                         count_prior=(loaded.count_prior or COUNT_PRIOR) if counts and head else 0.0)
 
 

@@ -25,7 +25,8 @@ from explorer.settings import ServerSettings
 _BOOL = {"1": True, "true": True, "0": False, "false": False}
 URL_WIDGETS: dict[str, Callable[[str], Any]] = {
     "ckpt": str, "cmp_soft": str, "cmp_hard": str, "source": str, "scene": int, "beam": int, "maxlen": int,
-    "lnorm": float, "kinds": lambda v: _BOOL[v.lower()], "counts": lambda v: _BOOL[v.lower()], "hard_mode": str,
+    "lnorm": float, "kinds": lambda v: _BOOL[v.lower()],
+    "distinct": lambda v: _BOOL[v.lower()], "counts": lambda v: _BOOL[v.lower()], "hard_mode": str,
     "seed": int, "method": str,
     "sigma": float, "norm": str, "opacity": float,
     "cmap": str, "coverage": lambda v: _BOOL[v.lower()], "masks": lambda v: _BOOL[v.lower()],
@@ -39,7 +40,7 @@ URL_WIDGETS.update({"closer_word": int, "err_labels": lambda v: [x for x in v.sp
 PAGE_DEFAULTS = {"closer_word": 0, "err_sort": "CIDEr ↑ (worst first)"}  # not applied up front: pages own them
 _DECODE = DecodeConfig()
 DECODE_WIDGETS = {"beam": "beam_size", "maxlen": "max_len", "lnorm": "length_norm",
-                  "kinds": "one_mention_per_kind", "hard_mode": "hard_mode", "seed": "seed"}
+                  "kinds": "one_mention_per_kind", "distinct": "distinct_content", "hard_mode": "hard_mode", "seed": "seed"}
 DEFAULTS: dict[str, Any] = {
     "source": "Gallery scene", **{key: getattr(_DECODE, name) for key, name in DECODE_WIDGETS.items()},
     "counts": bool(_DECODE.count_prior),
@@ -50,7 +51,7 @@ DEFAULTS: dict[str, Any] = {
 STEP, FORCED = "step", "forced"  # plain state of the step-through view
 # Widget defaults that come from the selected checkpoint (its evaluation's beam, length normalisation and
 # one-mention-per-kind rule, ranking by its count head), with the checkpoint they came from:
-# {"for": name, "beam": 5, "lnorm": 1.0, "kinds": True, "counts": True}.
+# {"for": name, "beam": 5, "lnorm": 1.0, "kinds": True, "distinct": True, "counts": True}.
 CHECKPOINT_DEFAULT = "_checkpoint_default"
 
 

@@ -466,7 +466,8 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
                   one_mention_per_kind: bool | None = None) -> dict[str, Any]:
     """Best captions in fp32 and bf16 for every image of ``split``: the share that agree, both BLEU-4s.
     ``one_mention_per_kind`` None: as the checkpoint's metrics were measured; its count head ranks the
-    captions when its metrics were measured so (``count_prior``)."""
+    captions, and its beam keeps distinct contents, when its metrics were measured so (``count_prior``,
+    ``distinct_content``)."""
     from sat_core.checkpoint import load_checkpoint
     from sat_core.data import EvalImages, ImageStore, load_karpathy, normalise
     from sat_core.metrics import caption_metrics
@@ -487,7 +488,8 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
         for p in captions:
             started = time.perf_counter()
             cfg = DecodeConfig(beam_size=beam, max_len=max_len, length_norm=length_norm, precision=p,
-                               one_mention_per_kind=rule, count_prior=loaded.count_prior)
+                               one_mention_per_kind=rule, distinct_content=loaded.distinct_content,
+                               count_prior=loaded.count_prior)
             hyps = beam_search(model, batch, loaded.vocab, cfg)
             seconds[p] += time.perf_counter() - started
             for i, h in zip(ids, hyps):
@@ -497,7 +499,8 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
     bleu = {p: caption_metrics(refs, c, meteor=False).corpus["BLEU-4"] for p, c in captions.items()}
     same = sum(captions["fp32"][i] == captions["bf16"][i] for i in refs)
     return {"checkpoint": checkpoint, "split": split, "images": len(refs), "beam": beam,
-            "length_norm": length_norm, "one_mention_per_kind": rule, "count_prior": loaded.count_prior,
+            "length_norm": length_norm, "one_mention_per_kind": rule, "distinct_content": loaded.distinct_content,
+            "count_prior": loaded.count_prior,
             "device": device.type,
             "same_best_caption": same / max(len(refs), 1), "bleu4_fp32": bleu["fp32"], "bleu4_bf16": bleu["bf16"],
             "bleu4_delta": bleu["bf16"] - bleu["fp32"], "seconds_fp32": seconds["fp32"],
@@ -761,7 +764,8 @@ def _run_command(args: argparse.Namespace, devices: list[torch.device]) -> dict[
         prior = f", count prior {figures['count_prior']:g}" if figures["count_prior"] else ""
         print(f"{figures['checkpoint']} {figures['split']} split, {figures['images']} images, beam "
               f"{figures['beam']}, length normalisation {figures['length_norm']}"
-              f"{', one mention per kind' if figures['one_mention_per_kind'] else ''}{prior}, {figures['device']}: "
+              f"{', one mention per kind' if figures['one_mention_per_kind'] else ''}"
+              f"{', distinct contents' if figures['distinct_content'] else ''}{prior}, {figures['device']}: "
               "same best caption in bf16 and fp32 for "
               f"{100 * figures['same_best_caption']:.1f} %; BLEU-4 fp32 {figures['bleu4_fp32']:.4f}, "
               f"bf16 {figures['bleu4_bf16']:.4f} (Δ {figures['bleu4_delta']:+.4f}); decoding "

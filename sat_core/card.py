@@ -123,6 +123,7 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
                   f"({metrics.get('n_images', '?')} images, beam {metrics.get('beam', '?')}, "
                   f"length normalisation {metrics.get('length_norm', 0.0)}, "
                   + ("one mention per kind, " if metrics.get("one_mention_per_kind") else "")
+                  + ("one caption per content in the beam, " if metrics.get("distinct_content") else "")
                   + (f"ranked by the count head (count prior {metrics['count_prior']:g}), "
                      if metrics.get("count_prior") else "")
                   + f"{metrics.get('precision', 'fp32')})",

@@ -287,6 +287,11 @@ class LoadedCheckpoint:
         return (self.metrics or {}).get("one_mention_per_kind") is True
 
     @property
+    def distinct_content(self) -> bool:
+        """Whether its metrics were measured with ``DecodeConfig.distinct_content``."""
+        return (self.metrics or {}).get("distinct_content") is True
+
+    @property
     def count_prior(self) -> float:
         """The ``DecodeConfig.count_prior`` its metrics were measured with (0: none, or no count head to rank by)."""
         value = (self.metrics or {}).get("count_prior")
@@ -313,9 +318,11 @@ class LoadedCheckpoint:
 
     def decode_defaults(self) -> DecodeConfig:
         """DecodeConfig's defaults with what its figures were measured with: beam, length normalisation,
-        the one-mention-per-kind rule and the count head's ranking (what the CLI and the explorer start from)."""
+        the one-mention-per-kind rule, distinct contents in the beam and the count head's ranking (what the
+        CLI and the explorer start from)."""
         return DecodeConfig(beam_size=self.beam_size, length_norm=self.length_norm,
-                            one_mention_per_kind=self.one_mention_per_kind, count_prior=self.count_prior)
+                            one_mention_per_kind=self.one_mention_per_kind, distinct_content=self.distinct_content,
+                            count_prior=self.count_prior)
 
 
 def load_checkpoint(

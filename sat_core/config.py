@@ -254,6 +254,10 @@ class DecodeConfig(Config):
     one_mention_per_kind: bool = option(False, "scenes world: name a category again only in another colour "
                                         "(\"two red apples and a green apple\", never \"two dogs and a dog\"), "
                                         "as the world's references do")
+    distinct_content: bool = option(False, "scenes world: the beam keeps one hypothesis per content (the counts, colours, "
+                                    "nouns and relations it states), so paraphrases (\"a photo of\", \"on the sand\" / "
+                                    "\"on the beach\") do not fill it; with --count-prior the head then chooses among "
+                                    "different statements")
     fp32_ties: float = option(0.005, "bf16 only: the finished captions within this many nats per word of the best are "
                               "scored again in fp32 and ranked by it (near-ties decide between equally good "
                               "captions, which bf16's rounding would otherwise pick); 0: off", low=0.0)

@@ -20,7 +20,7 @@ from sat_core.models.captioner import Captioner
 from sat_core.models.decoder import AlphaEdit
 from sat_core.models.encoder import Annotations
 from sat_core.precision import autocast
-from sat_core.scenes_catalog import COLOURS, NOUNS
+from sat_core.scenes_catalog import COLOURS, COUNT_WORDS, NOUNS, RELATION_PHRASES
 from sat_core.vocab import Vocab
 from sat_core.words import caption_words
 
@@ -152,6 +152,65 @@ def _kind_guard(vocab: Vocab, cfg: DecodeConfig, device: torch.device) -> KindGu
     return guard if guard.active else None
 
 
+class ContentKeys:
+    """``DecodeConfig.distinct_content``: the beam keeps one hypothesis per content, so that paraphrases do
+    not fill it. A caption prefix's key is what it states, in order: its counts, colours, nouns and
+    relations; the words that state none of it — an opener ("a photo of", "we can see"), the place ("on the
+    beach" / "on the sand"), a participle, "the" — leave the key as it was. "a" / "an" counts one only when
+    a colour or a noun follows it (not in "a photo of" or "on a table"). So "a photo of two sheep on the
+    grass" and "two sheep in a field" share a key. At each step the search keeps, of the candidates sharing
+    a key, the best; finished paraphrases are ranked as usual and the best of each key stays. So a beam of
+    ten returns ten different statements about the scene for the count head to choose among, not one
+    statement in ten wordings. (The best caption's best wording can be lost on the way: a reference then
+    outscores it, a search error in what it says the same way.)
+    """
+
+    PENDING = "a?"  # the last word was "a" / "an": a count if a content word follows
+
+    def __init__(self, vocab: Vocab) -> None:
+        relation_words = {w: r for phrase, r in RELATION_PHRASES.items() for w in phrase
+                          if w not in ("to", "the", "of", "on", "in")}
+        self.tag: dict[int, object] = {}
+        self.pending: set[int] = set()
+        for word, i in vocab.stoi.items():
+            if word in ("a", "an"):
+                self.pending.add(i)
+            elif word in COUNT_WORDS:
+                self.tag[i] = COUNT_WORDS[word]
+            elif word in COLOURS or word in NOUNS:
+                self.tag[i] = word
+            elif word in relation_words:
+                self.tag[i] = relation_words[word]
+        self.active = any(vocab.itos[i] in NOUNS for i in self.tag)
+
+    def key(self, parent: tuple, word: int) -> tuple:
+        """The key of a prefix with key ``parent`` continued by ``word``."""
+        tag = self.tag.get(word)
+        if parent and parent[-1] == self.PENDING:
+            parent = parent[:-1] + ((1,) if tag is not None else ())
+        if word in self.pending:
+            return parent + (self.PENDING,)
+        return parent if tag is None else parent + (tag,)
+
+    def closed(self, key: tuple) -> tuple:
+        """The key of a finished caption whose prefix had ``key`` (a last "a" counts nothing)."""
+        return key[:-1] if key and key[-1] == self.PENDING else key
+
+    def of(self, tokens: Sequence[int]) -> tuple:
+        """The key of a whole caption (token ids, ending with <end> or not)."""
+        key: tuple = ()
+        for token in tokens:
+            key = self.key(key, token)
+        return self.closed(key)
+
+
+def _content_keys(vocab: Vocab, cfg: DecodeConfig) -> ContentKeys | None:
+    if not cfg.distinct_content:
+        return None
+    content = ContentKeys(vocab)
+    return content if content.active else None
+
+
 def _suppressed(vocab: Vocab, cfg: DecodeConfig) -> list[int]:
     ids = [vocab.pad_id, vocab.start_id]
     return ids + [vocab.unk_id] if cfg.suppress_unk else ids
@@ -259,11 +318,12 @@ def beam_search(
             feats, grid = _encode(model, inputs, device)  # (B, L, D)
             ends, trace = _search(model, feats, device, vocab, cfg, intervention, generator)
         arrays = trace.to_numpy()
+        content = _content_keys(vocab, cfg)
         results = []
         for per_image in ends:
             hyps = [_hypothesis(e, trace, arrays, vocab, grid, cfg.length_norm) for e in per_image]
             hyps.sort(key=_rank)
-            results.append(hyps[:K])
+            results.append(_per_key(hyps, content, K) if content else hyps[:K])
         if precision == "bf16" and cfg.fp32_ties > 0 and not (model.hard and cfg.hard_mode == "sample"):
             _settle_ties_in_fp32(model, vocab, feats, results, cfg, intervention)
         if cfg.count_prior:
@@ -364,6 +424,19 @@ def _settle_ties_in_fp32(model: Captioner, vocab: Vocab, feats: torch.Tensor, re
         results[b].sort(key=_rank)
 
 
+def _per_key(hyps: list[Hypothesis], content: ContentKeys, K: int) -> list[Hypothesis]:
+    """Of ranked hypotheses, the best of each content key, for the first K keys (a paraphrase that finished
+    later, or earlier, than a better-scoring one leaves)."""
+    seen: set[tuple] = set()
+    out = []
+    for hyp in hyps:
+        key = content.of(hyp.tokens)
+        if key not in seen and len(seen) < K:
+            seen.add(key)
+            out.append(hyp)
+    return out
+
+
 def _search(model, feats, device, vocab, cfg, intervention, generator):
     """The beam loop over annotations (B, L, D). Rows are numbered afresh at every step; ``trace`` links
     them back."""
@@ -378,6 +451,10 @@ def _search(model, feats, device, vocab, cfg, intervention, generator):
     banned = _suppressed(vocab, cfg)
     guard = _kind_guard(vocab, cfg, device)
     kinds = guard.start(B) if guard else None
+    content = _content_keys(vocab, cfg)
+    keys = [()] * B if content else None  # each row's ContentKeys key
+    end_keys = [set() for _ in range(B)] if content else None  # each image's finished hypotheses' keys
+    width = 4 * K if content else 2 * K  # candidates per image: room for the paraphrases skipped
     trace, ends = _Trace(), [[] for _ in range(B)]  # ends: (t, row, word, logprob, finished)
     done = np.zeros(B, dtype=bool)
     for t in range(cfg.max_len):
@@ -388,18 +465,18 @@ def _search(model, feats, device, vocab, cfg, intervention, generator):
         trace.alphas.append(out.alpha)
         trace.betas.append(out.beta)
         trace.locations.append(out.location)
-        # An image's 2K best candidates are among each row's 2K best words (a row's score is a constant).
-        n_top = min(2 * K + (2 if guard else 0), V)  # a blocked word leaves room for the next best
+        # An image's best candidates are among each row's as many best words (a row's score is a constant).
+        n_top = min(width + (2 if guard else 0), V)  # a blocked word leaves room for the next best
         row_words, logp = _top_log_probs(model, out, banned, n_top)  # (n, T), (n, T)
         if guard:
             logp = logp.masked_fill(guard.blocked(kinds, row_words), -float("inf"))
         cand = (logp + scores.view(n, 1)).view(len(active), k * n_top)  # (B', k·T)
-        top_scores, top_pos = cand.topk(min(2 * K, k * n_top), dim=1)  # (B', 2K)
-        top_rows = top_pos // n_top + k * torch.arange(len(active), device=device).view(-1, 1)  # (B', 2K)
-        top_words = row_words[top_rows, top_pos % n_top]  # (B', 2K)
-        rows, words, new_scores = _select(
+        top_scores, top_pos = cand.topk(min(width, k * n_top), dim=1)  # (B', width)
+        top_rows = top_pos // n_top + k * torch.arange(len(active), device=device).view(-1, 1)  # (B', width)
+        top_words = row_words[top_rows, top_pos % n_top]  # (B', width)
+        rows, words, new_scores, keys = _select(
             top_scores.cpu().numpy(), top_rows.cpu().numpy(), top_words.cpu().numpy(), K, k, vocab.end_id, t,
-            ends, done, active,
+            ends, done, active, content, keys, end_keys,
         )
         live = ~done[active]  # (B',)
         if not live.any():
@@ -407,6 +484,7 @@ def _search(model, feats, device, vocab, cfg, intervention, generator):
         if not live.all():  # finished images leave the batch: their rows are never computed again
             keep = np.repeat(live, K)
             rows, words, new_scores, active = rows[keep], words[keep], new_scores[live], active[live]
+            keys = [key for key, kept in zip(keys, keep) if kept] if content else None
             prep = prep.index(torch.from_numpy(np.flatnonzero(live)).to(device))
         trace.parents.append(rows)
         trace.words.append(words)
@@ -476,35 +554,55 @@ def _exact_log_probs(model: Captioner, out, words: torch.Tensor) -> torch.Tensor
     return exact - norm
 
 
-def _select(top_scores, top_rows, top_words, K, k, end_id, t, ends, done, active):
+def _select(top_scores, top_rows, top_words, K, k, end_id, t, ends, done, active, content=None, keys=None,
+            end_keys=None):
     """Beam bookkeeping for one step: finish <end> candidates ranked in the top K, keep K others.
 
     ``k`` is the number of rows per image this step (1 at t = 0, then K); row j of image b is
     b·k + j. Only an <end> among an image's K best candidates is finished, so beam 1 is exactly
-    greedy. Returns the new rows' parents (B'·K,), their words (B'·K,) and scores (B', K).
+    greedy. Returns the new rows' parents (B'·K,), their words (B'·K,), scores (B', K) and, with
+    ``content`` (``ContentKeys``), their keys (B'·K,; else None); ``end_keys`` holds per image the
+    keys of its finished hypotheses.
+
+    With ``content`` a candidate whose key a better one of this step already holds is passed over and
+    does not count among the K best, and the search ends once K different keys have finished.
     """
     n_images = top_scores.shape[0]
     rows = np.repeat(np.arange(n_images) * k, K)  # dead slots point at the image's first row
     words = np.full(n_images * K, end_id, dtype=np.int64)
     new_scores = np.full((n_images, K), -np.inf, dtype=np.float32)
+    new_keys = [()] * (n_images * K) if content else None
     for b in range(n_images):
-        image, kept = active[b], 0
+        image, kept, rank, taken = active[b], 0, 0, set()
         for j in range(top_scores.shape[1]):
             score = top_scores[b, j]
             if score == -np.inf or kept == K:
                 break
             row, word = top_rows[b, j], top_words[b, j]
+            if content:
+                key = content.key(keys[row], int(word))
+                if word != end_id:
+                    if key in taken:
+                        continue
+                    taken.add(key)
             if word == end_id:
-                if j < K:
+                if (rank if content else j) < K:
                     ends[image].append((t, int(row), int(word), float(score), True))
+                    if content:
+                        end_keys[image].add(content.closed(key))
+                rank += 1
                 continue
             rows[b * K + kept], words[b * K + kept], new_scores[b, kept] = row, word, score
+            if content:
+                new_keys[b * K + kept] = key
             kept += 1
-        done[image] = _search_over(ends[image], float(new_scores[b, 0]), K)
-    return rows, words, new_scores
+            rank += 1
+        finished = len(end_keys[image]) if content else sum(1 for e in ends[image] if e[4])
+        done[image] = _search_over(finished, float(new_scores[b, 0]), K)
+    return rows, words, new_scores, new_keys
 
 
-def _search_over(ends, best_live: float, K: int) -> bool:
+def _search_over(finished: int, best_live: float, K: int) -> bool:
     """True when no live hypothesis can still win a place among the image's K results.
 
     The results are the first K hypotheses to end inside the beam (an <end> among the image's K
@@ -513,7 +611,7 @@ def _search_over(ends, best_live: float, K: int) -> bool:
     alive. The rule does not depend on ``length_norm``: beam 1 is greedy for every normalisation
     (a bound on future scores would let a normalised search run on past greedy's <end>).
     """
-    return sum(1 for e in ends if e[4]) >= K or best_live == -np.inf
+    return finished >= K or best_live == -np.inf
 
 
 def _add_unfinished(ends, active, scores, words, trace, K) -> None:

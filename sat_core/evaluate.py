@@ -317,6 +317,7 @@ def evaluate_images(
     precision = resolve(next(loaded.model.parameters()).device, cfg.precision)
     return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len,
             "length_norm": cfg.length_norm, "one_mention_per_kind": cfg.one_mention_per_kind, "precision": precision,
+            **({"distinct_content": True} if cfg.distinct_content else {}),
             **({"count_prior": cfg.count_prior} if cfg.count_prior else {}),
             "n_images": len(decoded), "skipped": skipped, **scored}
 

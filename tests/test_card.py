@@ -28,6 +28,10 @@ def test_card_prints_counts_as_integers_and_scores_to_three_decimals(result, che
     assert result["one_mention_per_kind"] is False
     guarded = model_card("soft", config, {**json.loads(json.dumps(result)), "one_mention_per_kind": True})
     assert (f"length normalisation {result['length_norm']}, one mention per kind, {result['precision']})") in guarded
+    assert "distinct_content" not in result
+    distinct = model_card("soft", config, {**json.loads(json.dumps(result)), "distinct_content": True})
+    assert (f"length normalisation {result['length_norm']}, one caption per content in the beam, "
+            f"{result['precision']})") in distinct
     ranked = model_card("soft", config, {**json.loads(json.dumps(result)), "count_prior": 1.0})
     assert (f"length normalisation {result['length_norm']}, ranked by the count head (count prior 1), "
             f"{result['precision']})") in ranked

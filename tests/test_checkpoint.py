@@ -93,18 +93,19 @@ class CountingStandIn(StandIn):
 
 
 @pytest.mark.parametrize("metrics, expected", [
-    (None, (3, 0.0, False, 0.0)),
-    ({"beam": 5, "length_norm": 1.0, "one_mention_per_kind": True, "count_prior": 1.0}, (5, 1.0, True, 1.0)),
-    ({"beam": 0, "length_norm": "1", "one_mention_per_kind": "yes", "count_prior": True},
-     (3, 0.0, False, 0.0)),  # not usable: defaults
-    ({"count_prior": -1.0}, (3, 0.0, False, 0.0)),
+    (None, (3, 0.0, False, False, 0.0)),
+    ({"beam": 5, "length_norm": 1.0, "one_mention_per_kind": True, "distinct_content": True, "count_prior": 1.0},
+     (5, 1.0, True, True, 1.0)),
+    ({"beam": 0, "length_norm": "1", "one_mention_per_kind": "yes", "distinct_content": 1, "count_prior": True},
+     (3, 0.0, False, False, 0.0)),  # not usable: defaults
+    ({"count_prior": -1.0}, (3, 0.0, False, False, 0.0)),
 ])
 def test_decoding_defaults_come_from_what_the_metrics_were_measured_with(tmp_path: Path, monkeypatch,
                                                                         metrics, expected) -> None:
     monkeypatch.setattr(ckpt, "_build_model", CountingStandIn)
     loaded = load_checkpoint(save(tmp_path / "ck", CountingStandIn(tiny_config()), metrics=metrics))
     cfg = loaded.decode_defaults()
-    assert (cfg.beam_size, cfg.length_norm, cfg.one_mention_per_kind, cfg.count_prior) == expected
+    assert (cfg.beam_size, cfg.length_norm, cfg.one_mention_per_kind, cfg.distinct_content, cfg.count_prior) == expected
 
 
 def test_a_count_prior_needs_the_count_head_to_rank_by(tmp_path: Path, stand_in: StandIn) -> None:

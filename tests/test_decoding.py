@@ -598,3 +598,89 @@ def test_search_errors_rank_the_references_as_a_count_prior_ranks_the_captions()
     ranked = best_reference(model, vocab, image, refs, DecodeConfig(length_norm=1.0, precision="fp32", count_prior=1.0))
     assert ranked.caption == "two dogs" and ranked.prior == pytest.approx(0.0, abs=0.05)
     assert ranked.score < plain.score  # its own score is lower: the prior decided
+
+
+def _content_key(vocab, text: str) -> tuple:
+    from sat_core.decoding import ContentKeys
+    return ContentKeys(vocab).of([vocab.stoi[w] for w in text.split()] + [vocab.end_id])
+
+
+def test_content_keys_are_what_a_caption_states_not_how_it_says_it():
+    from sat_core.vocab import Vocab
+    words = ("a photo of we can see there is are two sheep white in field on the grass red green apple apples "
+             "to left right next table dog").split()
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", *dict.fromkeys(words)])
+    key = lambda text: _content_key(vocab, text)  # noqa: E731
+    assert key("a photo of two sheep on the grass") == key("two sheep in a field") == key("we can see two sheep")
+    assert key("two sheep") == (2, "sheep") and key("a photo of a dog") == (1, "dog") == key("there is a dog")
+    assert key("two white sheep") != key("two sheep") != key("a sheep")
+    left = key("a red apple to the left of a green apple")
+    assert left == key("a red apple on the left of a green apple") == key("there is a red apple left of a green "
+                                                                          "apple on a table")
+    assert left == (1, "red", "apple", "left_of", 1, "green", "apple")
+    assert left != key("a red apple to the right of a green apple") != key("a green apple to the left of a red apple")
+    assert key("two red apples next to a dog") == (2, "red", "apples", "next_to", 1, "dog")
+
+
+def _paraphrasing_model():
+    """A scenes-vocabulary model whose likeliest captions all say "two dogs": "two dogs", "we can see two dogs",
+    "there are two dogs", each "on the grass" or "on the sand" or not; "three dogs" starts a little less likely.
+    One-hot embedding, L_o maps each word to its successors (every other word lies 40 below)."""
+    from sat_core.vocab import Vocab
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>",
+                   *"two three dogs we can see there are on the grass sand".split()])
+    torch.manual_seed(7)
+    V = len(vocab)
+    model = Captioner(tiny_config(V, embed_dim=V, gate=False)).eval()
+    s = vocab.stoi
+    nxt = {vocab.start_id: [("two", 40.0), ("we", 40.0), ("there", 40.0), ("three", 39.3)],
+           s["we"]: [("can", 40.0)], s["can"]: [("see", 40.0)], s["see"]: [("two", 40.0)],
+           s["there"]: [("are", 40.0)], s["are"]: [("two", 40.0)], s["two"]: [("dogs", 40.0)],
+           s["three"]: [("dogs", 40.0)], s["dogs"]: [("<end>", 40.0), ("on", 40.0)], s["on"]: [("the", 40.0)],
+           s["the"]: [("grass", 40.0), ("sand", 40.0)], s["grass"]: [("<end>", 40.0)], s["sand"]: [("<end>", 40.0)]}
+    with torch.no_grad():
+        model.decoder.embed.weight.copy_(torch.eye(V))
+        model.decoder.L_h.weight.zero_()
+        model.decoder.L_z.weight.zero_()
+        L_o = torch.zeros(V, V)
+        L_o[vocab.end_id] = -40.0  # only "dogs", "grass" and "sand" end a caption
+        for prev, options in nxt.items():
+            for word, logit in options:
+                L_o[s[word], prev] = logit
+        model.decoder.L_o.weight.copy_(L_o)
+        model.decoder.L_o.bias.zero_()
+    return model, vocab
+
+
+@pytest.mark.parametrize("length_norm", [0.0, 1.0])
+def test_distinct_content_keeps_one_caption_per_statement_in_the_beam(length_norm):
+    model, vocab = _paraphrasing_model()
+    cfg = DecodeConfig(beam_size=3, max_len=8, length_norm=length_norm)
+    plain = beam_search(model, _images(1), vocab, cfg)[0]
+    distinct = beam_search(model, _images(1), vocab, dataclasses.replace(cfg, distinct_content=True))[0]
+    said = lambda hyps: [h.caption for h in hyps if h.finished]  # noqa: E731
+    assert len(said(plain)) == 3 and all("two dogs" in c for c in said(plain))  # three wordings of one statement
+    assert any(c.startswith("three dogs") for c in said(distinct))
+    keys = [_content_key(vocab, c) for c in said(distinct)]
+    assert len(keys) == len(set(keys)) and {(2, "dogs"), (3, "dogs")} <= set(keys)
+    assert distinct[0].caption == plain[0].caption  # the best caption is kept: only its paraphrases leave
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_distinct_content_decodes_a_batch_as_one_image_at_a_time(beam):
+    """Random weights over a scenes vocabulary: images leave the batch as they finish, and their rows' keys
+    with them; beam 1 stays greedy."""
+    from sat_core.vocab import Vocab
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>",
+                   *"a two three dog dogs cat red green and to the left of on grass photo".split()])
+    torch.manual_seed(3)
+    model = Captioner(tiny_config(len(vocab))).eval()
+    images = _images(5, seed=4)
+    cfg = DecodeConfig(beam_size=beam, max_len=10, length_norm=1.0, distinct_content=True)
+    batched = beam_search(model, images, vocab, cfg)
+    for i in range(len(images)):
+        alone = beam_search(model, images[i:i + 1], vocab, cfg)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]
+    if beam == 1:
+        greedy = beam_search(model, images, vocab, dataclasses.replace(cfg, distinct_content=False))
+        assert [h[0].tokens for h in greedy] == [h[0].tokens for h in batched]

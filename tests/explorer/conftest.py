@@ -69,7 +69,8 @@ def explorer_env(tmp_path_factory) -> Env:
     supervised = TrainConfig(optim=OptimConfig(attention_lambda=0.5)).to_dict()
     save_checkpoint(roots / "tiny-hard-normed", model, model_config=config, vocab=vocab, preprocess=PreprocessConfig(),
                     training={"train_config": supervised},
-                    metrics={"BLEU-4": 0.1, "beam": 4, "length_norm": 1.0, "one_mention_per_kind": True},
+                    metrics={"BLEU-4": 0.1, "beam": 4, "length_norm": 1.0, "one_mention_per_kind": True,
+                             "distinct_content": True},
                     model_card="# Tiny hard model, normalised\n")
     old = {k: os.environ.get(k) for k in ("SAT_WORLD_DIR", "SAT_CHECKPOINT_DIRS")}
     os.environ["SAT_WORLD_DIR"] = str(world)

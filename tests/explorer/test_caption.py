@@ -76,16 +76,17 @@ def test_decoding_follows_the_checkpoint_unless_a_link_sets_it(explorer_env):
     at.run()
     # what its metrics were measured with
     assert at.sidebar.slider(key="beam").value == 4 and at.sidebar.slider(key="lnorm").value == 1.0
-    assert at.sidebar.checkbox(key="kinds").value is True
+    assert at.sidebar.checkbox(key="kinds").value is True and at.sidebar.checkbox(key="distinct").value is True
     # its metrics name no count prior, and it has no count head to rank by
     assert at.sidebar.checkbox(key="counts").value is False and at.sidebar.checkbox(key="counts").disabled
-    assert not {"beam", "lnorm", "kinds", "counts"} & set(at.query_params)  # the checkpoint's own: links leave them out
+    assert not {"beam", "lnorm", "kinds", "distinct", "counts"} & set(at.query_params)  # the checkpoint's own: links leave them out
     scene = at.sidebar.selectbox(key="scene").value
     hyps = expected_beams(explorer_env, "hard-normed", explorer_env.scene_path(scene), beam=4, length_norm=1.0)
     assert caption_shown(at) == (hyps[0].caption or "(empty)")
     at.sidebar.selectbox(key="ckpt").set_value("tiny-soft").run()
     assert at.sidebar.slider(key="lnorm").value == 0.0  # a checkpoint without the figures: the defaults
     assert at.sidebar.slider(key="beam").value == 3 and at.sidebar.checkbox(key="kinds").value is False
+    assert at.sidebar.checkbox(key="distinct").value is False
     at.sidebar.slider(key="lnorm").set_value(0.5).run()
     assert at.query_params["lnorm"] == "0.5"
     at.sidebar.selectbox(key="ckpt").set_value("tiny-hard-normed").run()

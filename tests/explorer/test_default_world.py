@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from sat_core.checkpoint import load_checkpoint
-from sat_core.config import DecodeConfig
 from sat_core.decoding import beam_search
 from sat_core.images import load_image, preprocess
 
@@ -47,7 +47,9 @@ def test_no_arguments_open_the_scenes_soft_model_on_a_scenes_gallery(repo_has_sc
     tensor, _ = preprocess(load_image(path), loaded.preprocess)
     lnorm = at.sidebar.slider(key="lnorm").value
     assert lnorm == loaded.length_norm  # the checkpoint's own setting
-    cfg = DecodeConfig(beam_size=at.sidebar.slider(key="beam").value, max_len=at.sidebar.slider(key="maxlen").value,
-                       length_norm=lnorm)
+    assert at.sidebar.checkbox(key="distinct").value == loaded.distinct_content  # and its other settings
+    assert at.sidebar.checkbox(key="kinds").value == loaded.one_mention_per_kind
+    cfg = dataclasses.replace(loaded.decode_defaults(), beam_size=at.sidebar.slider(key="beam").value,
+                              max_len=at.sidebar.slider(key="maxlen").value)
     best = beam_search(loaded.model, tensor[None], loaded.vocab, cfg)[0][0]
     assert any(best.caption in m.value for m in at.markdown), best.caption
