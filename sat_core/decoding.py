@@ -316,16 +316,19 @@ def beam_search(
     try:
         with autocast(device, cfg.precision) as precision:
             feats, grid = _encode(model, inputs, device)  # (B, L, D)
-            ends, trace = _search(model, feats, device, vocab, cfg, intervention, generator)
+            settle = precision == "bf16" and cfg.fp32_ties > 0 and not (model.hard and cfg.hard_mode == "sample")
+            ends, trace = _search(model, feats, device, vocab, cfg, intervention, generator, settle)
         arrays = trace.to_numpy()
         content = _content_keys(vocab, cfg)
         results = []
         for per_image in ends:
             hyps = [_hypothesis(e, trace, arrays, vocab, grid, cfg.length_norm) for e in per_image]
             hyps.sort(key=_rank)
-            results.append(_per_key(hyps, content, K) if content else hyps[:K])
-        if precision == "bf16" and cfg.fp32_ties > 0 and not (model.hard and cfg.hard_mode == "sample"):
+            results.append(hyps if content else hyps[:K])
+        if settle:
             _settle_ties_in_fp32(model, vocab, feats, results, cfg, intervention)
+        if content:  # each statement's best wording (as fp32 ranks near-tied ones), K statements
+            results = [_per_key(hyps, content, K) for hyps in results]
         if cfg.count_prior:
             rank_by_stated_counts(model, feats, results, cfg.count_prior)
     finally:
@@ -437,9 +440,10 @@ def _per_key(hyps: list[Hypothesis], content: ContentKeys, K: int) -> list[Hypot
     return out
 
 
-def _search(model, feats, device, vocab, cfg, intervention, generator):
+def _search(model, feats, device, vocab, cfg, intervention, generator, settle=False):
     """The beam loop over annotations (B, L, D). Rows are numbered afresh at every step; ``trace`` links
-    them back."""
+    them back. ``settle`` (bf16): with ``cfg.distinct_content``, two wordings of one statement within
+    ``cfg.fp32_ties`` per word of each other are scored again in fp32 and the better one stays."""
     K = cfg.beam_size
     prep, h, c = model.decoder.prepare(feats)  # (B, L, A), (B, n): one row per image at t = 0
     B, V = feats.shape[0], len(vocab)
@@ -453,6 +457,8 @@ def _search(model, feats, device, vocab, cfg, intervention, generator):
     kinds = guard.start(B) if guard else None
     content = _content_keys(vocab, cfg)
     keys = [()] * B if content else None  # each row's ContentKeys key
+    prefixes = [()] * B if content and settle else None  # each row's words so far, for settling near-ties
+    ties = cfg.fp32_ties if prefixes is not None else 0.0
     end_keys = [set() for _ in range(B)] if content else None  # each image's finished hypotheses' keys
     width = 4 * K if content else 2 * K  # candidates per image: room for the paraphrases skipped
     trace, ends = _Trace(), [[] for _ in range(B)]  # ends: (t, row, word, logprob, finished)
@@ -474,10 +480,12 @@ def _search(model, feats, device, vocab, cfg, intervention, generator):
         top_scores, top_pos = cand.topk(min(width, k * n_top), dim=1)  # (B', width)
         top_rows = top_pos // n_top + k * torch.arange(len(active), device=device).view(-1, 1)  # (B', width)
         top_words = row_words[top_rows, top_pos % n_top]  # (B', width)
-        rows, words, new_scores, keys = _select(
+        rows, words, new_scores, keys, near = _select(
             top_scores.cpu().numpy(), top_rows.cpu().numpy(), top_words.cpu().numpy(), K, k, vocab.end_id, t,
-            ends, done, active, content, keys, end_keys,
+            ends, done, active, content, keys, end_keys, ties,
         )
+        if near:
+            _settle_live_ties(model, vocab, feats, active, K, prefixes, rows, words, new_scores, near, intervention)
         live = ~done[active]  # (B',)
         if not live.any():
             break
@@ -486,6 +494,8 @@ def _search(model, feats, device, vocab, cfg, intervention, generator):
             rows, words, new_scores, active = rows[keep], words[keep], new_scores[live], active[live]
             keys = [key for key, kept in zip(keys, keep) if kept] if content else None
             prep = prep.index(torch.from_numpy(np.flatnonzero(live)).to(device))
+        if prefixes is not None:
+            prefixes = [prefixes[r] + (int(w),) for r, w in zip(rows, words)]
         trace.parents.append(rows)
         trace.words.append(words)
         rows_t = torch.from_numpy(rows).to(device)
@@ -555,25 +565,28 @@ def _exact_log_probs(model: Captioner, out, words: torch.Tensor) -> torch.Tensor
 
 
 def _select(top_scores, top_rows, top_words, K, k, end_id, t, ends, done, active, content=None, keys=None,
-            end_keys=None):
+            end_keys=None, ties=0.0):
     """Beam bookkeeping for one step: finish <end> candidates ranked in the top K, keep K others.
 
     ``k`` is the number of rows per image this step (1 at t = 0, then K); row j of image b is
     b·k + j. Only an <end> among an image's K best candidates is finished, so beam 1 is exactly
     greedy. Returns the new rows' parents (B'·K,), their words (B'·K,), scores (B', K) and, with
-    ``content`` (``ContentKeys``), their keys (B'·K,; else None); ``end_keys`` holds per image the
-    keys of its finished hypotheses.
+    ``content`` (``ContentKeys``), their keys (B'·K,; else None), and the near-ties passed over; ``end_keys``
+    holds per image the keys of its finished hypotheses.
 
     With ``content`` a candidate whose key a better one of this step already holds is passed over and
-    does not count among the K best, and the search ends once K different keys have finished.
+    does not count among the K best, and the search ends once K different keys have finished. One within
+    ``ties`` nats per word of the one kept is listed as a near-tie, (slot, row, word, score), for
+    ``_settle_live_ties``.
     """
     n_images = top_scores.shape[0]
     rows = np.repeat(np.arange(n_images) * k, K)  # dead slots point at the image's first row
     words = np.full(n_images * K, end_id, dtype=np.int64)
     new_scores = np.full((n_images, K), -np.inf, dtype=np.float32)
     new_keys = [()] * (n_images * K) if content else None
+    near = []
     for b in range(n_images):
-        image, kept, rank, taken = active[b], 0, 0, set()
+        image, kept, rank, taken = active[b], 0, 0, {}  # taken: key -> (slot, score) of the row kept with it
         for j in range(top_scores.shape[1]):
             score = top_scores[b, j]
             if score == -np.inf or kept == K:
@@ -583,8 +596,11 @@ def _select(top_scores, top_rows, top_words, K, k, end_id, t, ends, done, active
                 key = content.key(keys[row], int(word))
                 if word != end_id:
                     if key in taken:
+                        slot, best = taken[key]
+                        if ties > 0 and best - score <= ties * (t + 1):  # raw sums over t + 1 words
+                            near.append((slot, int(row), int(word), float(score)))
                         continue
-                    taken.add(key)
+                    taken[key] = (b * K + kept, score)
             if word == end_id:
                 if (rank if content else j) < K:
                     ends[image].append((t, int(row), int(word), float(score), True))
@@ -599,7 +615,31 @@ def _select(top_scores, top_rows, top_words, K, k, end_id, t, ends, done, active
             rank += 1
         finished = len(end_keys[image]) if content else sum(1 for e in ends[image] if e[4])
         done[image] = _search_over(finished, float(new_scores[b, 0]), K)
-    return rows, words, new_scores, new_keys
+    return rows, words, new_scores, new_keys, near
+
+
+def _settle_live_ties(model, vocab, feats, active, K, prefixes, rows, words, new_scores, near, intervention) -> None:
+    """bf16 with distinct contents: score again in fp32 the prefixes of each near-tie (a kept row and the
+    wordings of its statement passed over within ``fp32_ties``) and keep the best of each (``rows``,
+    ``words``, ``new_scores`` changed in place). bf16's rounding would otherwise choose, for good: the search
+    keeps one wording of a statement."""
+    slots: dict[int, list[tuple[int, int, float]]] = {}
+    for slot, row, word, score in near:
+        slots.setdefault(slot, [(int(rows[slot]), int(words[slot]), float(new_scores.flat[slot]))]).append(
+            (row, word, score))
+    picks = [(slot, option) for slot, options in slots.items() for option in options]
+    device = feats.device
+    target = torch.tensor([prefixes[row] + (word,) for _, (row, word, _) in picks], device=device)  # (R, t + 1)
+    images = torch.tensor([int(active[slot // K]) for slot, _ in picks], device=device)
+    with autocast(device, "fp32"):
+        logp = _forced_steps(model, vocab, feats[images].float(), target, intervention=intervention)[0]  # (R, t+1)
+    totals = logp.sum(1)
+    best: dict[int, tuple[float, tuple[int, int, float]]] = {}
+    for (slot, option), total in zip(picks, totals):
+        if slot not in best or total > best[slot][0]:
+            best[slot] = (float(total), option)
+    for slot, (_, (row, word, score)) in best.items():
+        rows[slot], words[slot], new_scores.flat[slot] = row, word, score
 
 
 def _search_over(finished: int, best_live: float, K: int) -> bool:

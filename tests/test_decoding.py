@@ -684,3 +684,22 @@ def test_distinct_content_decodes_a_batch_as_one_image_at_a_time(beam):
     if beam == 1:
         greedy = beam_search(model, images, vocab, dataclasses.replace(cfg, distinct_content=False))
         assert [h[0].tokens for h in greedy] == [h[0].tokens for h in batched]
+
+
+def test_distinct_content_settles_near_tied_wordings_in_fp32(monkeypatch):
+    """In bf16 the search's choice between two wordings of one statement that score alike ("we can see" or
+    "there are" before "two dogs") is made on their fp32 scores, so bf16 keeps what fp32 keeps."""
+    from sat_core import decoding
+    model, vocab = _paraphrasing_model()
+    settled = []
+    real = decoding._settle_live_ties
+    monkeypatch.setattr(decoding, "_settle_live_ties", lambda *a: settled.append(len(a[-2])) or real(*a))
+    cfg = DecodeConfig(beam_size=3, max_len=8, length_norm=1.0, distinct_content=True)
+    fp32 = beam_search(model, _images(1), vocab, dataclasses.replace(cfg, precision="fp32"))[0]
+    assert not settled  # fp32 scores are what they are
+    bf16 = beam_search(model, _images(1), vocab, dataclasses.replace(cfg, precision="bf16"))[0]
+    assert settled and settled[0] >= 1  # "there" tied with "we" at the first step
+    assert [h.caption for h in bf16] == [h.caption for h in fp32]
+    calls = len(settled)
+    beam_search(model, _images(1), vocab, dataclasses.replace(cfg, precision="bf16", fp32_ties=0.0))
+    assert len(settled) == calls  # fp32_ties 0: nothing settled
