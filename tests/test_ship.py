@@ -210,9 +210,7 @@ def test_a_supervised_preset_is_its_shipped_preset_plus_attention_lambda(kind):
     assert supervised["optim"].pop("attention_lambda") == 1.0 and "attention_lambda" not in plain["optim"]
     assert supervised.pop("out") == f"runs/scenes_{kind}_supervised" and plain.pop("out") == f"runs/scenes_{kind}"
     # The shipped supervised hard model was trained on the hard preset's 8,000 scenes of session 24; the hard
-    # preset has read 16,000 since session 25. Everything else is shared but its decoding, which ranks the beam
-    # by the count head (session 26: better on validation for it, not for the plain hard model).
+    # preset has read 16,000 since session 25. Everything else is shared, decoding included (since session 28).
     if kind == "hard":
         assert (supervised["data"].pop("train_images"), plain["data"].pop("train_images")) == (8000, 16000)
-        assert supervised["val"].pop("count_prior") == 1.0 and "count_prior" not in plain["val"]
     assert supervised == plain
