@@ -136,8 +136,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {args.out}: evaluate it with python -m sat_core.evaluate --checkpoint {args.out} --data {args.data} "
-          f"--images {args.images} --count-prior 1 --card")
+          f"--images {args.images} {decoding_flags(loaded.decode_defaults())} --count-prior 1 --card  (the new "
+          f"checkpoint has no figures yet, so name the decoding: these are {args.checkpoint}'s)")
     return 0
+
+
+def decoding_flags(cfg) -> str:
+    """The command-line flags of a DecodeConfig's beam, length normalisation and scenes rules."""
+    return " ".join([f"--beam {cfg.beam_size}", f"--length-norm {cfg.length_norm:g}",
+                     "--one-mention-per-kind" if cfg.one_mention_per_kind else "--no-one-mention-per-kind",
+                     "--distinct-content" if cfg.distinct_content else "--no-distinct-content"])
 
 
 if __name__ == "__main__":

@@ -40,21 +40,24 @@ def scenes(tmp_path):
     return folder
 
 
-def _checkpoint(path, count_head=True):
+def _checkpoint(path, count_head=True, metrics=None):
     torch.manual_seed(0)
     vocab = Vocab([*SPECIALS, "a", "dog", "two", "cars"])
     config = tiny_config(len(vocab), init_cells=8, count_head=len(COUNTED) if count_head else 0)
     return ckpt.save_checkpoint(path, Captioner(config).eval(), model_config=config, vocab=vocab,
-                                preprocess=PreprocessConfig(image_size=32))
+                                preprocess=PreprocessConfig(image_size=32), metrics=metrics)
 
 
 def test_the_cli_writes_a_new_checkpoint_whose_count_prior_reads_the_counter(tmp_path, scenes, capsys):
-    source = _checkpoint(tmp_path / "ck")
+    source = _checkpoint(tmp_path / "ck", metrics={"beam": 10, "length_norm": 0.0, "distinct_content": True})
     out = tmp_path / "counted"
     args = ["--checkpoint", str(source), "--data", str(scenes / "dataset.json"), "--images", str(scenes),
             "--width", "8", "--epochs", "2"]
     assert colour_counter.main([*args, "--out", str(out)]) == 0
-    assert "evaluate it with python -m sat_core.evaluate" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "evaluate it with python -m sat_core.evaluate" in said
+    # the new checkpoint has no figures, so it would decode with the defaults: the message names the source's
+    assert "--beam 10 --length-norm 0 --no-one-mention-per-kind --distinct-content --count-prior 1" in said
     model = json.loads((out / ckpt.CONFIG_FILE).read_text())["model"]
     assert (model["colour_counter"], model["count_colours"]) == (8, len(COLOUR_PAIRS))
     weights = read_tensors(out / ckpt.WEIGHTS_FILE)[0]
