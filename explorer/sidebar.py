@@ -20,6 +20,7 @@ UPLOAD_TYPES = ["png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff"]
 # The count head's weight when its ranking is switched on for a checkpoint evaluated without it (on the shipped
 # soft model's validation scenes every weight from 0.1 to 1 ranked the same captions first).
 COUNT_PRIOR = 1.0
+RELATION_PRIOR = 1.0  # the weight a model without figures ranks by when the box is ticked
 
 
 def checkpoint_names(paths: list[str], roots: tuple[Path, ...]) -> dict[str, str]:
@@ -64,7 +65,7 @@ def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
     if loaded is not None:  # the decoding the checkpoint's figures were measured with
         state.follow_checkpoint(name, {"beam": loaded.beam_size, "lnorm": loaded.length_norm,
                                        "kinds": loaded.one_mention_per_kind, "distinct": loaded.distinct_content,
-                                       "counts": loaded.count_prior > 0})
+                                       "counts": loaded.count_prior > 0, "relations": loaded.relation_prior > 0})
     for key, low, high in (("beam", 1, 10), ("maxlen", 3, 40), ("lnorm", 0.0, 1.0)):
         state.clamp(key, low, high)
     beam = st.sidebar.slider("Beam size", 1, 10, key="beam",
@@ -95,6 +96,13 @@ def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
              "the one whose stated counts the head believes (score + log p_head(counts)); nothing else "
              "changes. Greedy decoding and the step-through have one caption, so it changes nothing there. "
              "Set to what the checkpoint was evaluated with whenever a checkpoint is chosen.")
+    judge = loaded is not None and getattr(loaded.model.decoder, "relation_judge", None) is not None
+    relations = st.sidebar.checkbox(
+        "Rank by the relation judge", key="relations", disabled=not judge,
+        help="Models with a relation judge (python -m sat_core.relation_judge): of the captions beam search "
+             "finished, prefer the ones whose relations (\"left of\", \"above\", \"in front of\") agree with "
+             "where the judge sees each category; nothing else changes. Set to what the checkpoint was evaluated "
+             "with whenever a checkpoint is chosen.")
     state.keep_choice("hard_mode", ["expect", "sample"])
     hard_mode = st.sidebar.radio(
         "Hard attention at test time", ["expect", "sample"], key="hard_mode", horizontal=True,
@@ -111,7 +119,8 @@ def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
                                 "of the shipped models' test scenes (README, Benchmarks).")
     return DecodeConfig(beam_size=beam, max_len=max_len, length_norm=float(length_norm), hard_mode=hard_mode,
                         seed=seed, one_mention_per_kind=bool(kinds), distinct_content=bool(distinct),
-                        count_prior=(loaded.count_prior or COUNT_PRIOR) if counts and head else 0.0)
+                        count_prior=(loaded.count_prior or COUNT_PRIOR) if counts and head else 0.0,
+                        relation_prior=(loaded.relation_prior or RELATION_PRIOR) if relations and judge else 0.0)
 
 
 def _image_ui(data: DataSource, loaded) -> tuple:

@@ -26,7 +26,8 @@ _BOOL = {"1": True, "true": True, "0": False, "false": False}
 URL_WIDGETS: dict[str, Callable[[str], Any]] = {
     "ckpt": str, "cmp_soft": str, "cmp_hard": str, "source": str, "scene": int, "beam": int, "maxlen": int,
     "lnorm": float, "kinds": lambda v: _BOOL[v.lower()],
-    "distinct": lambda v: _BOOL[v.lower()], "counts": lambda v: _BOOL[v.lower()], "hard_mode": str,
+    "distinct": lambda v: _BOOL[v.lower()], "counts": lambda v: _BOOL[v.lower()],
+    "relations": lambda v: _BOOL[v.lower()], "hard_mode": str,
     "seed": int, "method": str,
     "sigma": float, "norm": str, "opacity": float,
     "cmap": str, "coverage": lambda v: _BOOL[v.lower()], "masks": lambda v: _BOOL[v.lower()],
@@ -43,7 +44,7 @@ DECODE_WIDGETS = {"beam": "beam_size", "maxlen": "max_len", "lnorm": "length_nor
                   "kinds": "one_mention_per_kind", "distinct": "distinct_content", "hard_mode": "hard_mode", "seed": "seed"}
 DEFAULTS: dict[str, Any] = {
     "source": "Gallery scene", **{key: getattr(_DECODE, name) for key, name in DECODE_WIDGETS.items()},
-    "counts": bool(_DECODE.count_prior),
+    "counts": bool(_DECODE.count_prior), "relations": bool(_DECODE.relation_prior),
     "method": "nearest", "sigma": 0.0, "norm": "word", "opacity": 0.6, "cmap": "viridis",
     "coverage": False, "masks": False,
     "cmp_source": "soft", "cmp_step": 1, "cmp_seed": 0, "cmp_n": 5, "ew_mode": "exclude",

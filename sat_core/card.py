@@ -105,6 +105,10 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
                   + (f"; the {pairs} (category, colour) pairs by a colour counter {counter} wide, fitted after "
                      "training (`sat_core.colour_counter`)" if pairs and counter else "")
                   + "; decoding reads it only to rank finished captions (`--count-prior`)."]
+        if model.get("relation_judge"):
+            lines += ["- Relation judge on the annotations: where each category lies (a map over the cells), fitted "
+                      "after training (`sat_core.relation_judge`); decoding reads it only to rank finished captions "
+                      "by the relations they state (`--relation-prior`)."]
     if training.get("dataset"):
         lines += ["", "## Training", f"- Data: `{training['dataset']}`; epoch {training.get('epoch', '?')}, "
                                      f"step {training.get('step', '?')}."]
@@ -126,6 +130,8 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
                   + ("one caption per content in the beam, " if metrics.get("distinct_content") else "")
                   + (f"ranked by the count head (count prior {metrics['count_prior']:g}), "
                      if metrics.get("count_prior") else "")
+                  + (f"and by the relation judge (relation prior {metrics['relation_prior']:g}), "
+                     if metrics.get("relation_prior") else "")
                   + f"{metrics.get('precision', 'fp32')})",
               "| metric | value |", "| --- | --- |"]
     lines += [f"| {k} | {_figure(v)} |" for k, v in metrics.get("corpus", {}).items()]

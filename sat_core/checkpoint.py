@@ -300,6 +300,14 @@ class LoadedCheckpoint:
         return float(value) if usable and head is not None else 0.0
 
     @property
+    def relation_prior(self) -> float:
+        """The ``DecodeConfig.relation_prior`` its metrics were measured with (0: none, or no judge to rank by)."""
+        value = (self.metrics or {}).get("relation_prior")
+        judge = getattr(getattr(self.model, "decoder", None), "relation_judge", None)
+        usable = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        return float(value) if usable and judge is not None else 0.0
+
+    @property
     def beam_size(self) -> int:
         """The beam its metrics were measured with (DecodeConfig's default if unknown)."""
         value = (self.metrics or {}).get("beam")
@@ -318,11 +326,11 @@ class LoadedCheckpoint:
 
     def decode_defaults(self) -> DecodeConfig:
         """DecodeConfig's defaults with what its figures were measured with: beam, length normalisation,
-        the one-mention-per-kind rule, distinct contents in the beam and the count head's ranking (what the
-        CLI and the explorer start from)."""
+        the one-mention-per-kind rule, distinct contents in the beam and the count head's and the relation judge's
+        ranking (what the CLI and the explorer start from)."""
         return DecodeConfig(beam_size=self.beam_size, length_norm=self.length_norm,
                             one_mention_per_kind=self.one_mention_per_kind, distinct_content=self.distinct_content,
-                            count_prior=self.count_prior)
+                            count_prior=self.count_prior, relation_prior=self.relation_prior)
 
 
 def load_checkpoint(

@@ -86,7 +86,7 @@ def decoding_follows_checkpoint(parser: argparse.ArgumentParser) -> None:
     that, when not given, the checkpoint's own value is used (``LoadedCheckpoint.decode_defaults``)."""
     for action in parser._actions:
         if action.dest in ("decode.beam_size", "decode.length_norm", "decode.one_mention_per_kind",
-                           "decode.distinct_content", "decode.count_prior"):
+                           "decode.distinct_content", "decode.count_prior", "decode.relation_prior"):
             text, _, default = (action.help or "").rpartition(" [default:")
             action.help = (f"{text}; when not given, the value the checkpoint's metrics were measured with, "
                            f"else [default:{default}")

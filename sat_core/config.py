@@ -195,6 +195,11 @@ class ModelConfig(Config):
                                  "on the trained model's annotations (python -m sat_core.colour_counter; the ship "
                                  "runs it when the preset names it) and read only to rank captions (--count-prior); "
                                  "0: none", low=0)
+    relation_judge: bool = option(False, "with count_head: a map per category of where its objects lie, "
+                                  "softmax over the cells of a linear map of each annotation, fitted after training "
+                                  "on the trained model's annotations (python -m sat_core.relation_judge; the ship runs "
+                                  "it when the preset names it) and read only to rank captions by the relations they "
+                                  "state (--relation-prior)")
     vocab_size: int = option(0, "K, set from the vocabulary", low=0, derived=True)
     embed_dim: int = option(64, "m, word embedding size", low=1)
     hidden_dim: int = option(256, "n, LSTM size", low=1)
@@ -264,6 +269,9 @@ class DecodeConfig(Config):
     count_prior: float = option(0.0, "scenes models with a count head (--count-lambda): rank the finished captions by "
                                 "score + this × log p(the counts they state) under the head (with --count-colours, the colours' "
                                 "counts too); 0: off", low=0.0)
+    relation_prior: float = option(0.0, "scenes models with a relation judge (python -m sat_core.relation_judge): "
+                                   "rank the finished captions by score (+ the count prior) + this × log p(the "
+                                   "relations they state) under the judge; 0: off", low=0.0)
     hard_mode: str = option("expect", "hard attention at test time: expectation α or a sampled location",
                             choices=("expect", "sample"))
     seed: int = option(0, "seed of hard_mode=sample", low=0)
@@ -368,6 +376,9 @@ class TrainConfig(Config):
     def validate(self) -> None:
         if self.model.colour_counter and not self.optim.count_lambda:
             raise SatError("--colour-counter serves the count head's ranking of captions: it needs --count-lambda > 0.")
+        if self.model.relation_judge and not self.optim.count_lambda:
+            raise SatError("--relation-judge judges the scenes world's categories, which the count head names: it needs "
+                           "--count-lambda > 0.")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":

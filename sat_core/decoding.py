@@ -329,8 +329,8 @@ def beam_search(
             _settle_ties_in_fp32(model, vocab, feats, results, cfg, intervention)
         if content:  # each statement's best wording (as fp32 ranks near-tied ones), K statements
             results = [_per_key(hyps, content, K) for hyps in results]
-        if cfg.count_prior:
-            rank_by_stated_counts(model, feats, results, cfg.count_prior)
+        if cfg.count_prior or cfg.relation_prior:
+            rank_by_stated_counts(model, feats, results, cfg.count_prior, relations=cfg.relation_prior)
     finally:
         if was_training:
             model.train()
@@ -342,6 +342,9 @@ def check_decoding(model: Captioner, cfg: DecodeConfig) -> None:
     if cfg.count_prior and model.decoder.count_head is None:
         raise SatError("--count-prior needs a model with a count head (one trained with --count-lambda on the "
                        "scenes world); this one has none: drop --count-prior.")
+    if cfg.relation_prior and getattr(model.decoder, "relation_judge", None) is None:
+        raise SatError("--relation-prior needs a model with a relation judge (python -m sat_core.relation_judge "
+                       "fits one on a scenes model); this one has none: drop --relation-prior.")
 
 
 def _rank(hyp: Hypothesis) -> tuple[bool, float]:
@@ -349,20 +352,65 @@ def _rank(hyp: Hypothesis) -> tuple[bool, float]:
 
 
 @torch.no_grad()
-def rank_by_stated_counts(model: Captioner, feats: torch.Tensor, results: list[list[Hypothesis]], weight: float) -> None:
+def rank_by_stated_counts(model: Captioner, feats: torch.Tensor, results: list[list[Hypothesis]], weight: float,
+                          relations: float = 0.0) -> None:
     """``DecodeConfig.count_prior``: rank each image's finished hypotheses (in place) by score + weight · log
     p_head(the counts the caption states), the count head reading the image's annotations (B, L, D).
 
     The head predicts, per category, 0–4 objects; a caption states 0 for every category it does not name,
     so leaving an object out costs as much as miscounting it. A plural without a number counts as 2–4.
     A head that also counts colours (``ModelConfig.count_colours``) judges too the colours of a category
-    the caption names with a number and a colour in every mention ("two red cars and a yellow car")."""
-    logp = _head_log_counts(model, feats)  # (B, C, 5)
+    the caption names with a number and a colour in every mention ("two red cars and a yellow car").
+
+    ``relations`` (``DecodeConfig.relation_prior``): plus relations · log p_judge(the relations the caption
+    states), the relation judge reading the same annotations (``_stated_relation_log_prior``)."""
+    logp = _head_log_counts(model, feats) if weight else None  # (B, C, 5)
+    where = _judge_centres(model, feats) if relations else None  # (B, C) x, (B, C) y
     for b, hyps in enumerate(results):
         for i, hyp in enumerate(hyps):
             if hyp.finished:
-                hyps[i] = dataclasses.replace(hyp, prior=weight * _stated_log_prior(logp[b], hyp.words))
+                prior = weight * _stated_log_prior(logp[b], hyp.words) if weight else 0.0
+                if relations:
+                    prior += relations * _stated_relation_log_prior(where[0][b], where[1][b], hyp.words)
+                hyps[i] = dataclasses.replace(hyp, prior=prior)
         hyps.sort(key=_rank)
+
+
+# The relations a caption can state, as a signed distance in cells that is positive when it holds: "a left of b"
+# holds the more, the further right b's centre lies of a's. "in front of" is judged by height in the picture:
+# the world puts nearer things lower.
+_RELATION_AXES = {"left_of": (0, 1), "right_of": (0, -1), "above": (1, 1), "below": (1, -1),
+                  "in_front_of": (1, -1), "behind": (1, 1)}
+
+
+@torch.no_grad()
+def _judge_centres(model: Captioner, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The relation judge's centre (x, y) of each category per image, (B, C) each, on the CPU in fp32."""
+    with autocast(feats.device, "fp32"):
+        x, y = model.decoder.relation_judge(feats.float())
+    return x.cpu(), y.cpu()
+
+
+def _stated_relation_log_prior(x: torch.Tensor, y: torch.Tensor, words: Sequence[str]) -> float:
+    """log p_judge(the relations a caption states) from one image's category centres (C,) each: for "a <relation>
+    b", log σ(signed distance / RELATION_STEP) between the centres of a's and b's categories (``_RELATION_AXES``).
+    "next to", and a relation between two groups of one category, are not judged (0)."""
+    from sat_core.models.decoder import RELATION_STEP
+    from sat_core.scenes_catalog import COUNTED
+    from sat_core.scenes_grounding import parse
+
+    parsed = parse(words)
+    index = {c: i for i, c in enumerate(COUNTED)}
+    total = 0.0
+    for r in parsed.relations:
+        a, b = parsed.mentions[r.a].category, parsed.mentions[r.b].category
+        if r.relation not in _RELATION_AXES or a == b or a not in index or b not in index:
+            continue
+        axis, sign = _RELATION_AXES[r.relation]
+        centre = x if axis == 0 else y
+        distance = sign * float(centre[index[b]] - centre[index[a]])
+        total += float(torch.nn.functional.logsigmoid(torch.tensor(distance / RELATION_STEP)))
+    return total
 
 
 @torch.no_grad()
@@ -973,7 +1021,7 @@ def best_reference(
         return None
     width = max(len(ids) for _, ids in captions)
     padded = [ids + [vocab.end_id] * (width - len(ids)) for _, ids in captions]  # (R, T), scored up to len
-    if cfg.count_prior and not isinstance(image, Annotations):
+    if (cfg.count_prior or cfg.relation_prior) and not isinstance(image, Annotations):
         image = encode_images(model, _as_batch(image), cfg.precision)  # once, for the words and for the head
     logps = _teacher_force(model, vocab, image, padded, precision=cfg.precision)[0]  # (R, T)
     scores = [float(logps[r, : len(ids)].sum()) / len(ids) ** cfg.length_norm for r, (_, ids) in enumerate(captions)]
@@ -981,6 +1029,10 @@ def best_reference(
     if cfg.count_prior:  # the search ranks its captions by score + prior: so are the references
         logp = _head_log_counts(model, image.feats)[0]
         priors = [cfg.count_prior * _stated_log_prior(logp, vocab.decode(ids)) for _, ids in captions]
+    if cfg.relation_prior:
+        x, y = _judge_centres(model, image.feats)
+        priors = [p + cfg.relation_prior * _stated_relation_log_prior(x[0], y[0], vocab.decode(ids))
+                  for p, (_, ids) in zip(priors, captions)]
     best = int(np.argmax([score + prior for score, prior in zip(scores, priors)]))
     return ReferenceScore(captions[best][0], scores[best], len(captions), priors[best])
 

@@ -319,6 +319,7 @@ def evaluate_images(
             "length_norm": cfg.length_norm, "one_mention_per_kind": cfg.one_mention_per_kind, "precision": precision,
             **({"distinct_content": True} if cfg.distinct_content else {}),
             **({"count_prior": cfg.count_prior} if cfg.count_prior else {}),
+            **({"relation_prior": cfg.relation_prior} if cfg.relation_prior else {}),
             "n_images": len(decoded), "skipped": skipped, **scored}
 
 

@@ -78,10 +78,11 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     pretrained = m.pretrained or bool(cfg.encoder_weights) or m.encoder == "efficientnet_lite0"
     count_head = len(COUNTED) if cfg.optim.count_lambda else 0
     count_colours = len(COLOUR_PAIRS) if cfg.optim.count_lambda and cfg.optim.count_colours else 0
-    # A colour counter (ModelConfig.colour_counter) is fitted after training, on the trained model's annotations
-    # (sat_core.colour_counter): the trainer builds the model without it.
+    # A colour counter (ModelConfig.colour_counter) and a relation judge are fitted after training, on the trained
+    # model's annotations (sat_core.colour_counter, sat_core.relation_judge): the trainer builds the model without.
     return dataclasses.replace(m, feature_dim=feature_dim, vocab_size=vocab_size, pretrained=pretrained,
-                               count_head=count_head, count_colours=count_colours, colour_counter=0)
+                               count_head=count_head, count_colours=count_colours, colour_counter=0,
+                               relation_judge=False)
 
 
 def preprocess_config(cfg: TrainConfig) -> PreprocessConfig:
@@ -724,6 +725,11 @@ def main(argv: list[str] | None = None) -> int:
               f"python -m sat_core.colour_counter --checkpoint {cfg.out}/best --data {cfg.data.dataset} --images "
               f"{cfg.data.images} --width {cfg.model.colour_counter} --out <new folder> (python -m sat_core.ship "
               "does it for a preset that names it).", file=sys.stderr)
+    if cfg.model.relation_judge:
+        print(f"note: --relation-judge is fitted after training, not by this command: run python -m "
+              f"sat_core.relation_judge --checkpoint {cfg.out}/best --data {cfg.data.dataset} --images "
+              f"{cfg.data.images} --out <new folder> (python -m sat_core.ship does it for a preset that names it).",
+              file=sys.stderr)
     try:
         trainer = Trainer(cfg, resume)
         result = trainer.run()

@@ -107,7 +107,7 @@ def _as_evaluated(loaded, cfg) -> bool:
     checkpoint (beam, length normalisation, one mention per kind, distinct contents, the count head's ranking)
     unchanged."""
     made = loaded.decode_defaults()
-    followed = ("beam_size", "length_norm", "one_mention_per_kind", "distinct_content", "count_prior")
+    followed = ("beam_size", "length_norm", "one_mention_per_kind", "distinct_content", "count_prior", "relation_prior")
     return all(getattr(cfg, name) == getattr(made, name) for name in followed)
 
 

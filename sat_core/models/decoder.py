@@ -85,6 +85,33 @@ class ColourCounter(nn.Module):
         return logits.view(feats.shape[0], -1, MAX_COUNT_CLASSES)
 
 
+RELATION_STEP = 0.5  # cells: the relation judge's p(a left of b) = σ((x_b − x_a) / RELATION_STEP)
+
+
+class RelationJudge(nn.Module):
+    """Where each of C categories lies: a map over the L cells per category, softmax_l(w_c · a_l + b_c), and its
+    centre (x, y) in cells, annotations (B, L, D) -> (B, C), (B, C) (``ModelConfig.relation_judge``,
+    ``sat_core.relation_judge``). Fitted after training to the cells the scene's objects cover; decoding reads it
+    only to rank finished captions by the relations they state (``DecodeConfig.relation_prior``)."""
+
+    def __init__(self, dim: int, categories: int) -> None:
+        super().__init__()
+        self.where = nn.Linear(dim, categories)
+
+    def maps(self, feats: torch.Tensor) -> torch.Tensor:
+        """log p(cell | category), (B, L, C)."""
+        return self.where(feats).float().log_softmax(dim=1)
+
+    def forward(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        L = feats.shape[1]
+        side = round(L ** 0.5)
+        cell = torch.arange(L, device=feats.device)
+        p = self.maps(feats).exp()  # (B, L, C)
+        x = (p * (cell % side).float()[None, :, None]).sum(1)
+        y = (p * (cell // side).float()[None, :, None]).sum(1)
+        return x, y
+
+
 class Decoder(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -104,6 +131,8 @@ class Decoder(nn.Module):
         counted = config.count_head + (0 if separate else config.count_colours)
         self.count_head = nn.Linear(G, counted * MAX_COUNT_CLASSES) if config.count_head else None
         self.colour_counter = ColourCounter(D, config.colour_counter, config.count_colours) if separate else None
+        # A relation judge (config.relation_judge), fitted after training: where each counted category lies.
+        self.relation_judge = RelationJudge(D, config.count_head) if config.relation_judge else None
         self.init_h = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,h
         self.init_c = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,c
         self.attention = AttentionMLP(D, n, config.attn_dim, config.attention_activation)  # f_att

@@ -79,6 +79,7 @@ def test_decoding_follows_the_checkpoint_unless_a_link_sets_it(explorer_env):
     assert at.sidebar.checkbox(key="kinds").value is True and at.sidebar.checkbox(key="distinct").value is True
     # its metrics name no count prior, and it has no count head to rank by
     assert at.sidebar.checkbox(key="counts").value is False and at.sidebar.checkbox(key="counts").disabled
+    assert at.sidebar.checkbox(key="relations").value is False and at.sidebar.checkbox(key="relations").disabled
     assert not {"beam", "lnorm", "kinds", "distinct", "counts"} & set(at.query_params)  # the checkpoint's own: links leave them out
     scene = at.sidebar.selectbox(key="scene").value
     hyps = expected_beams(explorer_env, "hard-normed", explorer_env.scene_path(scene), beam=4, length_norm=1.0)

@@ -49,6 +49,7 @@ def test_no_arguments_open_the_scenes_soft_model_on_a_scenes_gallery(repo_has_sc
     assert lnorm == loaded.length_norm  # the checkpoint's own setting
     assert at.sidebar.checkbox(key="distinct").value == loaded.distinct_content  # and its other settings
     assert at.sidebar.checkbox(key="kinds").value == loaded.one_mention_per_kind
+    assert at.sidebar.checkbox(key="relations").value == (loaded.relation_prior > 0)
     cfg = dataclasses.replace(loaded.decode_defaults(), beam_size=at.sidebar.slider(key="beam").value,
                               max_len=at.sidebar.slider(key="maxlen").value)
     best = beam_search(loaded.model, tensor[None], loaded.vocab, cfg)[0][0]

@@ -1,0 +1,145 @@
+"""Fit a trained scenes model's relation judge: where each category lies, to judge the relations captions state.
+
+The count head says how many, not where: the count prior (``--count-prior``) cannot tell "a dog left of a cat"
+from "a cat left of a dog". A relation judge (``ModelConfig.relation_judge``, ``RelationJudge`` in
+``sat_core.models.decoder``) maps each annotation to one score per category; a softmax over the cells gives each
+category's map and its centre. It is fitted after training on the training scenes with the rest of the model
+frozen, to the share of each cell the category's objects cover, and decoding reads it only to rank finished
+captions (``--relation-prior``). The ship fits it when a preset names ``relation_judge``; for a checkpoint of
+your own:
+
+    python -m sat_core.relation_judge --checkpoint runs/mine/last --data data/scenes/dataset.json \\
+        --images data/scenes --out runs/mine/judged
+
+then evaluate the new checkpoint with the flags the command prints: its figures are not those of the checkpoint
+it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sat_core import checkpoint as ckpt
+from sat_core.colour_counter import decoding_flags, training_annotations
+from sat_core.data import KarpathyData, load_karpathy
+from sat_core.errors import SatError
+from sat_core.models.captioner import Captioner
+from sat_core.models.decoder import RelationJudge
+from sat_core.scenes_catalog import COUNTED
+
+
+@dataclasses.dataclass(frozen=True)
+class FitConfig:
+    train_images: int = 8000  # the first N training scenes (0: all)
+    epochs: int = 8
+    lr: float = 1e-2  # one-cycle peak
+    batch_size: int = 128
+    seed: int = 0
+
+
+def coverage(objects: list[dict], image_size: int, side: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per counted category, the share of each of side × side cells its objects' boxes cover, normalised to
+    sum to 1 over the cells (C, side²), and which categories the scene holds (C,) bool."""
+    index = {c: i for i, c in enumerate(COUNTED)}
+    cell = image_size / side
+    edges = np.arange(side) * cell
+    maps = np.zeros((len(COUNTED), side * side), np.float32)
+    for o in objects:
+        x, y, w, h = o["full_bbox"]
+        across = np.clip((np.minimum(x + w, edges + cell) - np.maximum(x, edges)) / cell, 0, 1)
+        down = np.clip((np.minimum(y + h, edges + cell) - np.maximum(y, edges)) / cell, 0, 1)
+        maps[index[o["category"]]] += np.outer(down, across).reshape(-1)
+    present = maps.sum(1) > 0
+    maps[present] /= maps[present].sum(1, keepdims=True)
+    return maps, present
+
+
+def fit(feats: torch.Tensor, maps: torch.Tensor, present: torch.Tensor, cfg: FitConfig) -> tuple[RelationJudge, float]:
+    """A RelationJudge fitted by Adam on a one-cycle schedule to −Σ_l target_l log p(l | category) over the
+    categories each scene holds: (judge, last epoch's mean loss). Deterministic for a seed."""
+    torch.manual_seed(cfg.seed)
+    judge = RelationJudge(feats.shape[-1], maps.shape[1])
+    opt = torch.optim.Adam(judge.parameters(), lr=cfg.lr)
+    steps = cfg.epochs * -(-len(feats) // cfg.batch_size)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=steps)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    loss_sum = 0.0
+    for _ in range(cfg.epochs):
+        loss_sum = 0.0
+        for rows in torch.randperm(len(feats), generator=generator).split(cfg.batch_size):
+            logp = judge.maps(feats[rows].float()).transpose(1, 2)  # (b, C, L)
+            loss = -(maps[rows] * logp).sum(-1)[present[rows]].mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            schedule.step()
+            loss_sum += float(loss.detach()) * len(rows)
+    return judge.eval(), loss_sum / len(feats)
+
+
+def add_relation_judge(loaded: ckpt.LoadedCheckpoint, data: KarpathyData, cfg: FitConfig = FitConfig(),
+                       log=print) -> ckpt.LoadedCheckpoint:
+    """The checkpoint's model with a fitted relation judge (the rest of the model unchanged)."""
+    if loaded.model.decoder.count_head is None:
+        raise SatError(f"{loaded.path} has no count head (a model trained with --count-lambda on the scenes world): "
+                       "the relation judge judges the categories the count head names.")
+    if loaded.model_config.relation_judge:
+        raise SatError(f"{loaded.path} already has a relation judge.")
+    started = time.perf_counter()
+    feats, _ = training_annotations(loaded, data, cfg.train_images)
+    side = round(feats.shape[1] ** 0.5)
+    images = [r for r in data.images if r.split == "train"][: len(feats)]
+    targets = [coverage(r.objects, loaded.preprocess.image_size, side) for r in images]
+    maps = torch.from_numpy(np.stack([m for m, _ in targets]))
+    present = torch.from_numpy(np.stack([p for _, p in targets]))
+    encoded = time.perf_counter()
+    judge, loss = fit(feats, maps, present, cfg)
+    log(f"relation judge: {len(feats)} training scenes encoded in {encoded - started:.0f} s, {cfg.epochs} epochs "
+        f"fitted in {time.perf_counter() - encoded:.0f} s (last loss {loss:.3f} nats per category)")
+    config = dataclasses.replace(loaded.model_config, relation_judge=True)
+    model = Captioner(config)
+    state = {**loaded.model.state_dict(), **{f"decoder.relation_judge.{k}": v for k, v in judge.state_dict().items()}}
+    model.load_state_dict(state)
+    return dataclasses.replace(loaded, model=model.eval(), model_config=config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sat_core.relation_judge", description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint", required=True, help="a scenes checkpoint trained with --count-lambda")
+    p.add_argument("--data", required=True, help="the scenes world's dataset.json")
+    p.add_argument("--images", required=True, help="its image folder")
+    p.add_argument("--out", required=True, type=Path, help="the new checkpoint folder (not the one read)")
+    p.add_argument("--train-images", type=int, default=FitConfig.train_images,
+                   help="fit on the first N training scenes (0: all)")
+    p.add_argument("--epochs", type=int, default=FitConfig.epochs)
+    args = p.parse_args(argv)
+    if args.epochs < 1 or args.train_images < 0:
+        p.error("--epochs must be at least 1, --train-images at least 0")
+    try:
+        if args.out.resolve() == Path(args.checkpoint).resolve():
+            raise SatError("--out must be a new folder: the checkpoint read keeps its own figures.")
+        loaded = ckpt.load_checkpoint(args.checkpoint)
+        data = load_karpathy(args.data, args.images)
+        judged = add_relation_judge(loaded, data, FitConfig(train_images=args.train_images, epochs=args.epochs))
+        ckpt.save_checkpoint(args.out, judged.model, model_config=judged.model_config, vocab=judged.vocab,
+                             preprocess=judged.preprocess, training=judged.config.get("training"))
+    except SatError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    defaults = loaded.decode_defaults()
+    prior = f" --count-prior {defaults.count_prior:g}" if defaults.count_prior else ""
+    print(f"wrote {args.out}: evaluate it with python -m sat_core.evaluate --checkpoint {args.out} --data {args.data} "
+          f"--images {args.images} {decoding_flags(defaults)}{prior} --relation-prior 1 --card  (the new checkpoint "
+          f"has no figures yet, so name the decoding: these are {args.checkpoint}'s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The relation judge: fitted after training on a model's annotations, saved with it, read by the relation prior."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from sat_core import checkpoint as ckpt
+from sat_core import relation_judge, world
+from sat_core.config import DecodeConfig, PreprocessConfig
+from sat_core.decoding import _stated_relation_log_prior, beam_search, rank_by_stated_counts
+from sat_core.errors import SatError
+from sat_core.io import read_tensors
+from sat_core.models.captioner import Captioner
+from sat_core.models.decoder import RelationJudge
+from sat_core.scenes_catalog import COUNTED
+from sat_core.vocab import SPECIALS, Vocab
+from tests.conftest import tiny_config
+
+DOG, CAT = COUNTED.index("dog"), COUNTED.index("cat")
+
+
+def test_coverage_puts_each_category_where_its_boxes_are():
+    objects = [{"category": "dog", "full_bbox": [0, 0, 16, 16]}, {"category": "dog", "full_bbox": [48, 48, 16, 32]},
+               {"category": "cat", "full_bbox": [8, 56, 16, 8]}]
+    maps, present = relation_judge.coverage(objects, 64, 4)  # 16-px cells
+    assert present[DOG] and present[CAT] and present.sum() == 2
+    dog = maps[DOG].reshape(4, 4)
+    # the second dog's box runs off the 64-px image: only its cell inside counts
+    assert dog[0, 0] == pytest.approx(0.5) and dog[3, 3] == pytest.approx(0.5) and dog.sum() == pytest.approx(1)
+    cat = maps[CAT].reshape(4, 4)  # half of cells (3, 0) and (3, 1)
+    assert cat[3, 0] == pytest.approx(0.5) and cat[3, 1] == pytest.approx(0.5)
+
+
+def test_fit_learns_where_each_category_is():
+    """Cells carry a one-hot of the category drawn there: the fitted judge's centres land on the drawn cells."""
+    torch.manual_seed(2)
+    n, side, C = 200, 4, 3
+    where = torch.randint(0, side * side, (n, C))
+    feats = torch.zeros(n, side * side, C, dtype=torch.float16)
+    maps = torch.zeros(n, C, side * side)
+    for c in range(C):
+        feats[torch.arange(n), where[:, c], c] = 8  # a strong detector: one weight makes it win the softmax
+        maps[torch.arange(n), c, where[:, c]] = 1
+    present = torch.ones(n, C, dtype=torch.bool)
+    judge, loss = relation_judge.fit(feats, maps, present, relation_judge.FitConfig(epochs=30, batch_size=32))
+    with torch.no_grad():
+        x, y = judge(feats.float())
+    # within half a cell of the cell drawn (what is left of the softmax pulls each centre a little inwards)
+    assert torch.allclose(x, (where % side).float(), atol=0.5) and torch.allclose(y, (where // side).float(), atol=0.5)
+    assert loss < 0.5
+    again, _ = relation_judge.fit(feats, maps, present, relation_judge.FitConfig(epochs=30, batch_size=32))
+    assert torch.equal(again.where.weight, judge.where.weight)  # deterministic for a seed
+
+
+def test_the_prior_believes_the_relations_where_the_judge_sees_the_categories():
+    x, y = torch.zeros(len(COUNTED)), torch.zeros(len(COUNTED))
+    x[DOG], x[CAT], y[DOG], y[CAT] = 2.0, 10.0, 12.0, 3.0  # the dog left of and below (in front of) the cat
+    prior = lambda text: _stated_relation_log_prior(x, y, text.split())  # noqa: E731
+    assert prior("a dog to the left of a cat") > -0.01
+    assert prior("a cat to the left of a dog") < -10
+    assert prior("a dog in front of a cat") > -0.01 and prior("a dog behind a cat") < -10
+    assert prior("a cat above a dog") > -0.01 and prior("a dog above a cat") < -10
+    assert prior("two dogs and a cat") == 0.0  # nothing stated, nothing judged
+    assert prior("a dog next to a cat") == 0.0  # not judged
+    assert prior("a red dog to the left of a brown dog") == 0.0  # one category: the judge cannot tell
+
+
+def _checkpoint(path, metrics=None):
+    torch.manual_seed(0)
+    vocab = Vocab([*SPECIALS, "a", "dog", "cat", "to", "the", "left", "of"])
+    config = tiny_config(len(vocab), init_cells=8, count_head=len(COUNTED))
+    return ckpt.save_checkpoint(path, Captioner(config).eval(), model_config=config, vocab=vocab,
+                                preprocess=PreprocessConfig(image_size=32), metrics=metrics)
+
+
+def test_ranking_by_the_judge_reorders_finished_captions():
+    from tests.test_decoding import _finished
+    config = tiny_config(12, init_cells=8, count_head=len(COUNTED), relation_judge=True)
+    model = Captioner(config).eval()
+    with torch.no_grad():  # the dog lies in the first cells, the cat in the last
+        model.decoder.relation_judge.where.weight.zero_()
+        model.decoder.relation_judge.where.bias.zero_()
+    feats = torch.zeros(1, 16, config.annotation_dim)
+    feats[0, 0, 0], feats[0, 15, 1] = 10.0, 10.0
+    with torch.no_grad():
+        model.decoder.relation_judge.where.weight[DOG, 0] = 1.0
+        model.decoder.relation_judge.where.weight[CAT, 1] = 1.0
+    wrong, right = _finished("a cat to the left of a dog".split(), -0.5), _finished("a dog to the left of a cat".split(), -0.6)
+    results = [[wrong, right]]
+    rank_by_stated_counts(model, feats, results, 0.0, relations=1.0)
+    assert results[0][0].words == right.words and results[0][1].prior < -5  # 3 cells the wrong way: log σ(−6)
+    with pytest.raises(SatError, match="--relation-prior needs a model with a relation judge"):
+        beam_search(Captioner(tiny_config(12)).eval(), torch.rand(1, 3, 32, 32), Vocab([*SPECIALS, *"abcdefgh"]),
+                    DecodeConfig(relation_prior=1.0))
+
+
+@pytest.fixture
+def scenes(tmp_path):
+    folder = tmp_path / "scenes"
+    world.generate(folder, 6, 1, 1, seed=3, workers=1, kind="scenes")
+    return folder
+
+
+def test_the_cli_writes_a_new_checkpoint_with_a_judge_and_says_how_to_evaluate_it(tmp_path, scenes, capsys):
+    source = _checkpoint(tmp_path / "ck", metrics={"beam": 10, "length_norm": 0.0, "distinct_content": True,
+                                                   "count_prior": 1.0})
+    out = tmp_path / "judged"
+    args = ["--checkpoint", str(source), "--data", str(scenes / "dataset.json"), "--images", str(scenes), "--epochs", "2"]
+    assert relation_judge.main([*args, "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "--beam 10 --length-norm 0 --no-one-mention-per-kind --distinct-content --count-prior 1 --relation-prior 1" in said
+    assert json.loads((out / ckpt.CONFIG_FILE).read_text())["model"]["relation_judge"] is True
+    weights = read_tensors(out / ckpt.WEIGHTS_FILE)[0]
+    assert tuple(weights["decoder.relation_judge.where.weight"].shape) == (len(COUNTED), 16)
+    before, after = ckpt.load_checkpoint(source), ckpt.load_checkpoint(out)
+    assert torch.equal(before.model.decoder.L_o.weight, after.model.decoder.L_o.weight)  # the rest unchanged
+    hyps = beam_search(after.model, torch.rand(1, 3, 32, 32), after.vocab, DecodeConfig(beam_size=2, max_len=4,
+                                                                                          relation_prior=1.0))
+    assert len(hyps) == 1
+    assert relation_judge.main([*args, "--out", str(source)]) == 2  # never over the checkpoint it read
+    assert "--out must be a new folder" in capsys.readouterr().err
+    assert relation_judge.main([*args, "--out", str(tmp_path / "again"), "--checkpoint", str(out)]) == 2
+    assert "already has a relation judge" in capsys.readouterr().err
+
+
+def test_the_ship_fits_the_judge_a_preset_names_once(tmp_path, scenes, capsys):
+    from sat_core import ship
+    from sat_core.config import TrainConfig
+
+    target = tmp_path / "checkpoints" / "scenes_hard"
+    _checkpoint(target)
+    metrics = {"training": {"epochs": 1, "train_minutes": 0.1, "captions_per_s": 10.0, "best_epoch": 1,
+                            "best_val_bleu4": 0.0, "precision": "fp32", "encoder_minutes": "n/a"}}
+    (target / "metrics.json").write_text(json.dumps(metrics))
+    cfg = TrainConfig.from_dict({
+        "data": {"dataset": str(scenes / "dataset.json"), "images": str(scenes)},
+        "model": {"attention": "soft", "init_cells": 8, "relation_judge": True},
+        "optim": {"count_lambda": 0.1},
+        "val": {"beam_size": 1, "max_len": 4, "relation_prior": 0.7}})
+    shipped = ship.package("scenes_hard", cfg, None, tmp_path / "checkpoints", repackage=True)
+    assert "relation judge: 6 training scenes encoded" in capsys.readouterr().out
+    assert shipped["relation_prior"] == 0.7 and ckpt.load_checkpoint(target).relation_prior == 0.7
+    first = read_tensors(target / ckpt.WEIGHTS_FILE)[0]["decoder.relation_judge.where.weight"]
+    ship.package("scenes_hard", cfg, None, tmp_path / "checkpoints", repackage=True)
+    assert "relation judge" not in capsys.readouterr().out
+    assert torch.equal(read_tensors(target / ckpt.WEIGHTS_FILE)[0]["decoder.relation_judge.where.weight"], first)
+    with pytest.raises(SatError, match="--relation-judge judges the scenes world's categories"):
+        TrainConfig.from_dict({"model": {"relation_judge": True}})
+    assert np.isfinite(shipped["corpus"]["BLEU-4"])
