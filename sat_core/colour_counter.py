@@ -71,22 +71,42 @@ def fit(feats: torch.Tensor, targets: torch.Tensor, cfg: FitConfig) -> tuple[Col
     epoch's mean loss per pair). Deterministic for a seed."""
     torch.manual_seed(cfg.seed)
     counter = ColourCounter(feats.shape[-1], cfg.width, targets.shape[1])
-    opt = torch.optim.Adam(counter.parameters(), lr=cfg.lr)
-    steps_per_epoch = -(-len(feats) // cfg.batch_size)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=cfg.epochs * steps_per_epoch)
-    generator = torch.Generator().manual_seed(cfg.seed)
+
+    def loss(rows: torch.Tensor) -> torch.Tensor:
+        logits = counter(feats[rows].float())
+        return F.cross_entropy(logits.reshape(-1, MAX_COUNT_CLASSES), targets[rows].reshape(-1))
+
+    return counter.eval(), fit_rows(counter, len(feats), loss, cfg.epochs, cfg.lr, cfg.batch_size, cfg.seed)
+
+
+def fit_rows(module: torch.nn.Module, n: int, loss_of, epochs: int, lr: float, batch_size: int, seed: int) -> float:
+    """Fit ``module`` by Adam on a one-cycle schedule peaking at ``lr``, over ``epochs`` passes through n rows in
+    random batches (``loss_of(rows)`` is a batch's mean loss): the last epoch's mean loss. Deterministic for a
+    seed. Shared by the modules fitted after training on a model's frozen annotations (this counter and
+    ``sat_core.relation_judge``)."""
+    opt = torch.optim.Adam(module.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=epochs * -(-n // batch_size))
+    generator = torch.Generator().manual_seed(seed)
     loss_sum = 0.0
-    for _ in range(cfg.epochs):
+    for _ in range(epochs):
         loss_sum = 0.0
-        for rows in torch.randperm(len(feats), generator=generator).split(cfg.batch_size):
-            logits = counter(feats[rows].float())
-            loss = F.cross_entropy(logits.reshape(-1, MAX_COUNT_CLASSES), targets[rows].reshape(-1))
+        for rows in torch.randperm(n, generator=generator).split(batch_size):
+            loss = loss_of(rows)
             opt.zero_grad()
             loss.backward()
             opt.step()
             schedule.step()
             loss_sum += float(loss.detach()) * len(rows)
-    return counter.eval(), loss_sum / len(feats)
+    return loss_sum / n
+
+
+def attach(loaded: ckpt.LoadedCheckpoint, config, name: str, module: torch.nn.Module) -> ckpt.LoadedCheckpoint:
+    """The checkpoint with its model rebuilt from ``config`` and ``module``'s weights as ``decoder.<name>`` (the
+    rest of the model unchanged)."""
+    model = Captioner(config)
+    state = {**loaded.model.state_dict(), **{f"decoder.{name}.{k}": v for k, v in module.state_dict().items()}}
+    model.load_state_dict(state)
+    return dataclasses.replace(loaded, model=model.eval(), model_config=config)
 
 
 def add_colour_counter(loaded: ckpt.LoadedCheckpoint, data: KarpathyData, cfg: FitConfig = FitConfig(),
@@ -104,10 +124,7 @@ def add_colour_counter(loaded: ckpt.LoadedCheckpoint, data: KarpathyData, cfg: F
     log(f"colour counter: {len(feats)} training scenes encoded in {encoded - started:.0f} s, "
         f"{cfg.epochs} epochs fitted in {time.perf_counter() - encoded:.0f} s (last loss {loss:.4f} per pair)")
     config = dataclasses.replace(loaded.model_config, count_colours=len(COLOUR_PAIRS), colour_counter=cfg.width)
-    model = Captioner(config)
-    state = {**loaded.model.state_dict(), **{f"decoder.colour_counter.{k}": v for k, v in counter.state_dict().items()}}
-    model.load_state_dict(state)
-    return dataclasses.replace(loaded, model=model.eval(), model_config=config)
+    return attach(loaded, config, "colour_counter", counter)
 
 
 def main(argv: list[str] | None = None) -> int:

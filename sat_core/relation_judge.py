@@ -27,10 +27,9 @@ import numpy as np
 import torch
 
 from sat_core import checkpoint as ckpt
-from sat_core.colour_counter import decoding_flags, training_annotations
+from sat_core.colour_counter import attach, decoding_flags, fit_rows, training_annotations
 from sat_core.data import KarpathyData, load_karpathy
 from sat_core.errors import SatError
-from sat_core.models.captioner import Captioner
 from sat_core.models.decoder import RelationJudge
 from sat_core.scenes_catalog import COUNTED
 
@@ -66,22 +65,12 @@ def fit(feats: torch.Tensor, maps: torch.Tensor, present: torch.Tensor, cfg: Fit
     categories each scene holds: (judge, last epoch's mean loss). Deterministic for a seed."""
     torch.manual_seed(cfg.seed)
     judge = RelationJudge(feats.shape[-1], maps.shape[1])
-    opt = torch.optim.Adam(judge.parameters(), lr=cfg.lr)
-    steps = cfg.epochs * -(-len(feats) // cfg.batch_size)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=steps)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    loss_sum = 0.0
-    for _ in range(cfg.epochs):
-        loss_sum = 0.0
-        for rows in torch.randperm(len(feats), generator=generator).split(cfg.batch_size):
-            logp = judge.maps(feats[rows].float()).transpose(1, 2)  # (b, C, L)
-            loss = -(maps[rows] * logp).sum(-1)[present[rows]].mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            schedule.step()
-            loss_sum += float(loss.detach()) * len(rows)
-    return judge.eval(), loss_sum / len(feats)
+
+    def loss(rows: torch.Tensor) -> torch.Tensor:
+        logp = judge.maps(feats[rows].float()).transpose(1, 2)  # (b, C, L)
+        return -(maps[rows] * logp).sum(-1)[present[rows]].mean()
+
+    return judge.eval(), fit_rows(judge, len(feats), loss, cfg.epochs, cfg.lr, cfg.batch_size, cfg.seed)
 
 
 def add_relation_judge(loaded: ckpt.LoadedCheckpoint, data: KarpathyData, cfg: FitConfig = FitConfig(),
@@ -103,11 +92,7 @@ def add_relation_judge(loaded: ckpt.LoadedCheckpoint, data: KarpathyData, cfg: F
     judge, loss = fit(feats, maps, present, cfg)
     log(f"relation judge: {len(feats)} training scenes encoded in {encoded - started:.0f} s, {cfg.epochs} epochs "
         f"fitted in {time.perf_counter() - encoded:.0f} s (last loss {loss:.3f} nats per category)")
-    config = dataclasses.replace(loaded.model_config, relation_judge=True)
-    model = Captioner(config)
-    state = {**loaded.model.state_dict(), **{f"decoder.relation_judge.{k}": v for k, v in judge.state_dict().items()}}
-    model.load_state_dict(state)
-    return dataclasses.replace(loaded, model=model.eval(), model_config=config)
+    return attach(loaded, dataclasses.replace(loaded.model_config, relation_judge=True), "relation_judge", judge)
 
 
 def main(argv: list[str] | None = None) -> int:

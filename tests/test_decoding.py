@@ -430,31 +430,37 @@ def test_a_reference_as_long_as_the_step_cap_is_unreachable_and_scoring_reuses_a
     assert from_annotations.score == pytest.approx(from_image.score, abs=1e-5)
 
 
-def _repeating_model():
-    """A scenes-vocabulary model that says "two dogs and a dog": after "a", "dog" beats "cat" by 2
-    logits (every other word lies 40 below). One-hot embedding, L_o maps each word to its successor(s)."""
+def _chain_model(words: str, chain: dict[str, list[tuple[str, float]]], rare: list[str]):
+    """A model over a small vocabulary whose next word depends only on the last one: one-hot embedding, no
+    context in the deep output, L_o maps each word to its successors with the logits in ``chain`` ("<start>"
+    names the first step) and every other word 40 below them, the ``rare`` words 80 below (so that no beam
+    fills with them before their turn)."""
     from sat_core.vocab import Vocab
-    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", "two", "dogs", "and", "a", "dog", "cat", "brown"])
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", *words.split()])
     torch.manual_seed(7)
     V = len(vocab)
     model = Captioner(tiny_config(V, embed_dim=V, gate=False)).eval()
     s = vocab.stoi
-    nxt = {vocab.start_id: [("two", 40.0)], s["two"]: [("dogs", 40.0)], s["dogs"]: [("and", 40.0)],
-           s["and"]: [("a", 40.0)], s["a"]: [("dog", 40.0), ("cat", 38.0)], s["dog"]: [("<end>", 40.0)],
-           s["cat"]: [("<end>", 40.0)]}
     with torch.no_grad():
         model.decoder.embed.weight.copy_(torch.eye(V))
         model.decoder.L_h.weight.zero_()
         model.decoder.L_z.weight.zero_()
         L_o = torch.zeros(V, V)
-        L_o[[vocab.end_id, s["dog"], s["cat"]]] = -40.0  # only "a" leads to "dog" or "cat", only they end a
-        # caption: no beam fills with early ends
-        for prev, options in nxt.items():
+        L_o[[s[w] for w in rare]] = -40.0
+        for prev, options in chain.items():
             for word, logit in options:
-                L_o[s[word], prev] = logit
+                L_o[s[word], s[prev]] = logit
         model.decoder.L_o.weight.copy_(L_o)
         model.decoder.L_o.bias.zero_()
     return model, vocab
+
+
+def _repeating_model():
+    """A scenes-vocabulary model that says "two dogs and a dog": after "a", "dog" beats "cat" by 2
+    logits. Only "a" leads to "dog" or "cat", only they end a caption."""
+    chain = {"<start>": [("two", 40.0)], "two": [("dogs", 40.0)], "dogs": [("and", 40.0)], "and": [("a", 40.0)],
+             "a": [("dog", 40.0), ("cat", 38.0)], "dog": [("<end>", 40.0)], "cat": [("<end>", 40.0)]}
+    return _chain_model("two dogs and a dog cat brown", chain, ["<end>", "dog", "cat"])
 
 
 @pytest.mark.parametrize("beam", [1, 3])
@@ -625,31 +631,13 @@ def test_content_keys_are_what_a_caption_states_not_how_it_says_it():
 def _paraphrasing_model():
     """A scenes-vocabulary model whose likeliest captions all say "two dogs": "two dogs", "we can see two dogs",
     "there are two dogs", each "on the grass" or "on the sand" or not; "three dogs" starts a little less likely.
-    One-hot embedding, L_o maps each word to its successors (every other word lies 40 below)."""
-    from sat_core.vocab import Vocab
-    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>",
-                   *"two three dogs we can see there are on the grass sand".split()])
-    torch.manual_seed(7)
-    V = len(vocab)
-    model = Captioner(tiny_config(V, embed_dim=V, gate=False)).eval()
-    s = vocab.stoi
-    nxt = {vocab.start_id: [("two", 40.0), ("we", 40.0), ("there", 40.0), ("three", 39.3)],
-           s["we"]: [("can", 40.0)], s["can"]: [("see", 40.0)], s["see"]: [("two", 40.0)],
-           s["there"]: [("are", 40.0)], s["are"]: [("two", 40.0)], s["two"]: [("dogs", 40.0)],
-           s["three"]: [("dogs", 40.0)], s["dogs"]: [("<end>", 40.0), ("on", 40.0)], s["on"]: [("the", 40.0)],
-           s["the"]: [("grass", 40.0), ("sand", 40.0)], s["grass"]: [("<end>", 40.0)], s["sand"]: [("<end>", 40.0)]}
-    with torch.no_grad():
-        model.decoder.embed.weight.copy_(torch.eye(V))
-        model.decoder.L_h.weight.zero_()
-        model.decoder.L_z.weight.zero_()
-        L_o = torch.zeros(V, V)
-        L_o[vocab.end_id] = -40.0  # only "dogs", "grass" and "sand" end a caption
-        for prev, options in nxt.items():
-            for word, logit in options:
-                L_o[s[word], prev] = logit
-        model.decoder.L_o.weight.copy_(L_o)
-        model.decoder.L_o.bias.zero_()
-    return model, vocab
+    Only "dogs", "grass" and "sand" end a caption."""
+    chain = {"<start>": [("two", 40.0), ("we", 40.0), ("there", 40.0), ("three", 39.3)], "we": [("can", 40.0)],
+             "can": [("see", 40.0)], "see": [("two", 40.0)], "there": [("are", 40.0)], "are": [("two", 40.0)],
+             "two": [("dogs", 40.0)], "three": [("dogs", 40.0)], "dogs": [("<end>", 40.0), ("on", 40.0)],
+             "on": [("the", 40.0)], "the": [("grass", 40.0), ("sand", 40.0)], "grass": [("<end>", 40.0)],
+             "sand": [("<end>", 40.0)]}
+    return _chain_model("two three dogs we can see there are on the grass sand", chain, ["<end>"])
 
 
 @pytest.mark.parametrize("length_norm", [0.0, 1.0])
