@@ -134,6 +134,14 @@ def test_the_training_gets_what_the_budget_leaves_after_the_world_and_before_the
     assert ship.training_minutes(45, 0, 0) == pytest.approx(45 - ship.EVALUATION_MINUTES)  # no cap of its own
     with pytest.raises(SatError, match=r"--minutes 5 leaves 0\.0 min to train after 2\.5 min.*larger --minutes"):
         ship.training_minutes(5, 2.5, 40)
+    # the hard preset's colour counter and relation judge are fitted after training, inside the same 45 minutes
+    hard = TrainConfig.from_dict(json.loads(ship.preset_path("scenes_hard").read_text()))
+    assert ship.fitting_minutes(hard) == sum(ship.FITTING_MINUTES.values())
+    assert ship.fitting_minutes(TrainConfig.from_dict(json.loads(ship.preset_path("scenes_soft").read_text()))) == 0
+    assert ship.training_minutes(45, 0, 42, ship.fitting_minutes(hard)) == pytest.approx(
+        45 - ship.EVALUATION_MINUTES - 6.5)
+    with pytest.raises(SatError, match=r"and 6\.5 for fitting after training"):
+        ship.training_minutes(9, 0, 42, 6.5)
 
 
 def test_ship_hands_the_training_its_share_of_the_budget_and_says_how_long_it_took(monkeypatch, capsys, tmp_path):
