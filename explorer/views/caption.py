@@ -65,17 +65,21 @@ def draw_closer(image: PreparedImage, words: list[str], best: Hypothesis, settin
                    title=f"α for “{words[t]}” (step {t + 1})")
 
 
-def draw_beam_table(hyps: list[Hypothesis], count_prior: float = 0.0) -> None:
-    """The beam's hypotheses in rank order; with the count head's ranking, the prior that ranked them too."""
+def draw_beam_table(hyps: list[Hypothesis], count_prior: float = 0.0, relation_prior: float = 0.0) -> None:
+    """The beam's hypotheses in rank order; with the count head's or the relation judge's ranking, the prior
+    that ranked them too."""
+    parts = [f"{count_prior:g} × log p(the counts the caption states) under the count head"] if count_prior else []
+    parts += [f"{relation_prior:g} × log p(the relations it states) under the relation judge"] if relation_prior else []
+    name = "count prior" if not relation_prior else "relation prior" if not count_prior else "prior"
     rows = [{"rank": k + 1, "caption": h.caption, "log p": round(h.logprob, 3), "score": round(h.score, 3),
-             **({"count prior": round(h.prior, 3)} if count_prior else {}),
+             **({name: round(h.prior, 3)} if parts else {}),
              "words": len(h.words), "finished": h.finished} for k, h in enumerate(hyps)]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config={
         "rank": st.column_config.NumberColumn(width=40), "caption": st.column_config.TextColumn(width="medium"),
         "log p": st.column_config.NumberColumn(width=60), "score": st.column_config.NumberColumn(width=60),
-        "count prior": st.column_config.NumberColumn(
-            width=70, help=f"{count_prior:g} × log p(the counts the caption states) under the count head; finished "
-                           "captions rank by score + count prior ('Rank by the count head' in the sidebar)"),
+        name: st.column_config.NumberColumn(
+            width=70, help=" + ".join(parts) + f"; finished captions rank by score + {name} ('Rank by the count "
+                           "head' and 'Rank by the relation judge' in the sidebar)"),
         "words": st.column_config.NumberColumn(width=50),
         "finished": st.column_config.CheckboxColumn(width=60, help="False: cut at the length cap")})
 
@@ -108,7 +112,7 @@ def main() -> None:
             if check is not None and check.far:
                 draw_domain_warning(check.reasons, check.source, confidence)
         st.markdown(f"**The beam's {len(hyps)} hypotheses** (beam size {ctx.decode.beam_size})")
-        draw_beam_table(hyps, ctx.decode.count_prior)
+        draw_beam_table(hyps, ctx.decode.count_prior, ctx.decode.relation_prior)
         draw_references(image.references)
     words = maps.step_words(best.words, len(best.alphas))
     st.subheader("Where the model looked for each word")
