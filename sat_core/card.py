@@ -106,7 +106,8 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
                      "training (`sat_core.colour_counter`)" if pairs and counter else "")
                   + "; decoding reads it only to rank finished captions (`--count-prior`)."]
         if model.get("relation_judge"):
-            lines += ["- Relation judge on the annotations: where each category lies (a map over the cells), fitted "
+            lines += [f"- Relation judge on the annotations, {model['relation_judge']} wide: where each category lies "
+                      "(a map over the cells), fitted "
                       "after training (`sat_core.relation_judge`); decoding reads it only to rank finished captions "
                       "by the relations they state (`--relation-prior`)."]
     if training.get("dataset"):

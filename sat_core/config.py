@@ -195,11 +195,11 @@ class ModelConfig(Config):
                                  "on the trained model's annotations (python -m sat_core.colour_counter; the ship "
                                  "runs it when the preset names it) and read only to rank captions (--count-prior); "
                                  "0: none", low=0)
-    relation_judge: bool = option(False, "with count_head: a map per category of where its objects lie, "
-                                  "softmax over the cells of a linear map of each annotation, fitted after training "
-                                  "on the trained model's annotations (python -m sat_core.relation_judge; the ship runs "
-                                  "it when the preset names it) and read only to rank captions by the relations they "
-                                  "state (--relation-prior)")
+    relation_judge: int = option(0, "W > 0, with count_head: a map per category of where its objects lie, softmax "
+                                 "over the cells of a score per cell (a layer W wide on each annotation, then one "
+                                 "per category), fitted after training on the trained model's annotations (python -m "
+                                 "sat_core.relation_judge; the ship runs it when the preset names it) and read only to "
+                                 "rank captions by the relations they state (--relation-prior); 0: none", low=0)
     vocab_size: int = option(0, "K, set from the vocabulary", low=0, derived=True)
     embed_dim: int = option(64, "m, word embedding size", low=1)
     hidden_dim: int = option(256, "n, LSTM size", low=1)

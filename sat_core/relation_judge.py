@@ -2,7 +2,8 @@
 
 The count head says how many, not where: the count prior (``--count-prior``) cannot tell "a dog left of a cat"
 from "a cat left of a dog". A relation judge (``ModelConfig.relation_judge``, ``RelationJudge`` in
-``sat_core.models.decoder``) maps each annotation to one score per category; a softmax over the cells gives each
+``sat_core.models.decoder``) maps each annotation, through a layer W wide, to one score per category; a softmax
+over the cells gives each
 category's map and its centre. It is fitted after training on the training scenes with the rest of the model
 frozen, to the share of each cell the category's objects cover, and decoding reads it only to rank finished
 captions (``--relation-prior``). The ship fits it when a preset names ``relation_judge``; for a checkpoint of
@@ -36,6 +37,7 @@ from sat_core.scenes_catalog import COUNTED
 
 @dataclasses.dataclass(frozen=True)
 class FitConfig:
+    width: int = 128  # W, the layer on each annotation
     train_images: int = 8000  # the first N training scenes (0: all)
     epochs: int = 8
     lr: float = 1e-2  # one-cycle peak
@@ -64,7 +66,7 @@ def fit(feats: torch.Tensor, maps: torch.Tensor, present: torch.Tensor, cfg: Fit
     """A RelationJudge fitted by Adam on a one-cycle schedule to −Σ_l target_l log p(l | category) over the
     categories each scene holds: (judge, last epoch's mean loss). Deterministic for a seed."""
     torch.manual_seed(cfg.seed)
-    judge = RelationJudge(feats.shape[-1], maps.shape[1])
+    judge = RelationJudge(feats.shape[-1], cfg.width, maps.shape[1])
 
     def loss(rows: torch.Tensor) -> torch.Tensor:
         logp = judge.maps(feats[rows].float()).transpose(1, 2)  # (b, C, L)
@@ -92,7 +94,7 @@ def add_relation_judge(loaded: ckpt.LoadedCheckpoint, data: KarpathyData, cfg: F
     judge, loss = fit(feats, maps, present, cfg)
     log(f"relation judge: {len(feats)} training scenes encoded in {encoded - started:.0f} s, {cfg.epochs} epochs "
         f"fitted in {time.perf_counter() - encoded:.0f} s (last loss {loss:.3f} nats per category)")
-    return attach(loaded, dataclasses.replace(loaded.model_config, relation_judge=True), "relation_judge", judge)
+    return attach(loaded, dataclasses.replace(loaded.model_config, relation_judge=cfg.width), "relation_judge", judge)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,18 +103,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", required=True, help="the scenes world's dataset.json")
     p.add_argument("--images", required=True, help="its image folder")
     p.add_argument("--out", required=True, type=Path, help="the new checkpoint folder (not the one read)")
+    p.add_argument("--width", type=int, default=FitConfig.width, help="W, the layer on each annotation")
     p.add_argument("--train-images", type=int, default=FitConfig.train_images,
                    help="fit on the first N training scenes (0: all)")
     p.add_argument("--epochs", type=int, default=FitConfig.epochs)
     args = p.parse_args(argv)
-    if args.epochs < 1 or args.train_images < 0:
-        p.error("--epochs must be at least 1, --train-images at least 0")
+    if args.width < 1 or args.epochs < 1 or args.train_images < 0:
+        p.error("--width and --epochs must be at least 1, --train-images at least 0")
     try:
         if args.out.resolve() == Path(args.checkpoint).resolve():
             raise SatError("--out must be a new folder: the checkpoint read keeps its own figures.")
         loaded = ckpt.load_checkpoint(args.checkpoint)
         data = load_karpathy(args.data, args.images)
-        judged = add_relation_judge(loaded, data, FitConfig(train_images=args.train_images, epochs=args.epochs))
+        judged = add_relation_judge(loaded, data, FitConfig(width=args.width, train_images=args.train_images,
+                                                            epochs=args.epochs))
         ckpt.save_checkpoint(args.out, judged.model, model_config=judged.model_config, vocab=judged.vocab,
                              preprocess=judged.preprocess, training=judged.config.get("training"))
     except SatError as exc:

@@ -161,9 +161,9 @@ def package(name: str, cfg: TrainConfig, beam: int | None, out_root: Path, *, re
 
         loaded = add_colour_counter(loaded, data, FitConfig(width=cfg.model.colour_counter), log=print)
     if cfg.model.relation_judge and loaded.model.decoder.relation_judge is None:  # fitted after training, too
-        from sat_core.relation_judge import add_relation_judge
+        from sat_core.relation_judge import FitConfig as JudgeFit, add_relation_judge
 
-        loaded = add_relation_judge(loaded, data, log=print)
+        loaded = add_relation_judge(loaded, data, JudgeFit(width=cfg.model.relation_judge), log=print)
     as_shipped(loaded.model)  # the figures describe the weights in the shipped file, not the run's fp32 ones
     decode = cfg.val if beam is None else dataclasses.replace(cfg.val, beam_size=beam)  # the preset's val settings
     result = evaluate(loaded, data, "test", decode, search_errors=True)

@@ -82,7 +82,7 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     # model's annotations (sat_core.colour_counter, sat_core.relation_judge): the trainer builds the model without.
     return dataclasses.replace(m, feature_dim=feature_dim, vocab_size=vocab_size, pretrained=pretrained,
                                count_head=count_head, count_colours=count_colours, colour_counter=0,
-                               relation_judge=False)
+                               relation_judge=0)
 
 
 def preprocess_config(cfg: TrainConfig) -> PreprocessConfig:
@@ -726,9 +726,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{cfg.data.images} --width {cfg.model.colour_counter} --out <new folder> (python -m sat_core.ship "
               "does it for a preset that names it).", file=sys.stderr)
     if cfg.model.relation_judge:
-        print(f"note: --relation-judge is fitted after training, not by this command: run python -m "
-              f"sat_core.relation_judge --checkpoint {cfg.out}/best --data {cfg.data.dataset} --images "
-              f"{cfg.data.images} --out <new folder> (python -m sat_core.ship does it for a preset that names it).",
+        print(f"note: --relation-judge {cfg.model.relation_judge} is fitted after training, not by this command: run "
+              f"python -m sat_core.relation_judge --checkpoint {cfg.out}/best --data {cfg.data.dataset} --images "
+              f"{cfg.data.images} --width {cfg.model.relation_judge} --out <new folder> (python -m sat_core.ship does "
+              "it for a preset that names it).",
               file=sys.stderr)
     try:
         trainer = Trainer(cfg, resume)

@@ -46,14 +46,15 @@ def test_fit_learns_where_each_category_is():
         feats[torch.arange(n), where[:, c], c] = 8  # a strong detector: one weight makes it win the softmax
         maps[torch.arange(n), c, where[:, c]] = 1
     present = torch.ones(n, C, dtype=torch.bool)
-    judge, loss = relation_judge.fit(feats, maps, present, relation_judge.FitConfig(epochs=30, batch_size=32))
+    cfg = relation_judge.FitConfig(width=16, epochs=30, batch_size=32)
+    judge, loss = relation_judge.fit(feats, maps, present, cfg)
     with torch.no_grad():
         x, y = judge(feats.float())
     # within half a cell of the cell drawn (what is left of the softmax pulls each centre a little inwards)
     assert torch.allclose(x, (where % side).float(), atol=0.5) and torch.allclose(y, (where // side).float(), atol=0.5)
     assert loss < 0.5
-    again, _ = relation_judge.fit(feats, maps, present, relation_judge.FitConfig(epochs=30, batch_size=32))
-    assert torch.equal(again.where.weight, judge.where.weight)  # deterministic for a seed
+    again, _ = relation_judge.fit(feats, maps, present, cfg)
+    assert torch.equal(again.where[2].weight, judge.where[2].weight)  # deterministic for a seed
 
 
 def test_the_prior_believes_the_relations_where_the_judge_sees_the_categories():
@@ -79,16 +80,16 @@ def _checkpoint(path, metrics=None):
 
 def test_ranking_by_the_judge_reorders_finished_captions():
     from tests.test_decoding import _finished
-    config = tiny_config(12, init_cells=8, count_head=len(COUNTED), relation_judge=True)
+    config = tiny_config(12, init_cells=8, count_head=len(COUNTED), relation_judge=4)
     model = Captioner(config).eval()
-    with torch.no_grad():  # the dog lies in the first cells, the cat in the last
-        model.decoder.relation_judge.where.weight.zero_()
-        model.decoder.relation_judge.where.bias.zero_()
+    layer, head = model.decoder.relation_judge.where[0], model.decoder.relation_judge.where[2]
+    with torch.no_grad():  # feature 0 marks the dog's cell (the first), feature 1 the cat's (the last)
+        for weights in (layer.weight, layer.bias, head.weight, head.bias):
+            weights.zero_()
+        layer.weight[0, 0], layer.weight[1, 1] = 1.0, 1.0
+        head.weight[DOG, 0], head.weight[CAT, 1] = 1.0, 1.0
     feats = torch.zeros(1, 16, config.annotation_dim)
     feats[0, 0, 0], feats[0, 15, 1] = 10.0, 10.0
-    with torch.no_grad():
-        model.decoder.relation_judge.where.weight[DOG, 0] = 1.0
-        model.decoder.relation_judge.where.weight[CAT, 1] = 1.0
     wrong, right = _finished("a cat to the left of a dog".split(), -0.5), _finished("a dog to the left of a cat".split(), -0.6)
     results = [[wrong, right]]
     rank_by_stated_counts(model, feats, results, 0.0, relations=1.0)
@@ -110,12 +111,13 @@ def test_the_cli_writes_a_new_checkpoint_with_a_judge_and_says_how_to_evaluate_i
                                                    "count_prior": 1.0})
     out = tmp_path / "judged"
     args = ["--checkpoint", str(source), "--data", str(scenes / "dataset.json"), "--images", str(scenes), "--epochs", "2"]
-    assert relation_judge.main([*args, "--out", str(out)]) == 0
+    assert relation_judge.main([*args, "--width", "4", "--out", str(out)]) == 0
     said = capsys.readouterr().out
     assert "--beam 10 --length-norm 0 --no-one-mention-per-kind --distinct-content --count-prior 1 --relation-prior 1" in said
-    assert json.loads((out / ckpt.CONFIG_FILE).read_text())["model"]["relation_judge"] is True
+    assert json.loads((out / ckpt.CONFIG_FILE).read_text())["model"]["relation_judge"] == 4
     weights = read_tensors(out / ckpt.WEIGHTS_FILE)[0]
-    assert tuple(weights["decoder.relation_judge.where.weight"].shape) == (len(COUNTED), 16)
+    assert tuple(weights["decoder.relation_judge.where.0.weight"].shape) == (4, 16)
+    assert tuple(weights["decoder.relation_judge.where.2.weight"].shape) == (len(COUNTED), 4)
     before, after = ckpt.load_checkpoint(source), ckpt.load_checkpoint(out)
     assert torch.equal(before.model.decoder.L_o.weight, after.model.decoder.L_o.weight)  # the rest unchanged
     hyps = beam_search(after.model, torch.rand(1, 3, 32, 32), after.vocab, DecodeConfig(beam_size=2, max_len=4,
@@ -138,16 +140,16 @@ def test_the_ship_fits_the_judge_a_preset_names_once(tmp_path, scenes, capsys):
     (target / "metrics.json").write_text(json.dumps(metrics))
     cfg = TrainConfig.from_dict({
         "data": {"dataset": str(scenes / "dataset.json"), "images": str(scenes)},
-        "model": {"attention": "soft", "init_cells": 8, "relation_judge": True},
+        "model": {"attention": "soft", "init_cells": 8, "relation_judge": 4},
         "optim": {"count_lambda": 0.1},
         "val": {"beam_size": 1, "max_len": 4, "relation_prior": 0.7}})
     shipped = ship.package("scenes_hard", cfg, None, tmp_path / "checkpoints", repackage=True)
     assert "relation judge: 6 training scenes encoded" in capsys.readouterr().out
     assert shipped["relation_prior"] == 0.7 and ckpt.load_checkpoint(target).relation_prior == 0.7
-    first = read_tensors(target / ckpt.WEIGHTS_FILE)[0]["decoder.relation_judge.where.weight"]
+    first = read_tensors(target / ckpt.WEIGHTS_FILE)[0]["decoder.relation_judge.where.2.weight"]
     ship.package("scenes_hard", cfg, None, tmp_path / "checkpoints", repackage=True)
     assert "relation judge" not in capsys.readouterr().out
-    assert torch.equal(read_tensors(target / ckpt.WEIGHTS_FILE)[0]["decoder.relation_judge.where.weight"], first)
+    assert torch.equal(read_tensors(target / ckpt.WEIGHTS_FILE)[0]["decoder.relation_judge.where.2.weight"], first)
     with pytest.raises(SatError, match="--relation-judge judges the scenes world's categories"):
-        TrainConfig.from_dict({"model": {"relation_judge": True}})
+        TrainConfig.from_dict({"model": {"relation_judge": 4}})
     assert np.isfinite(shipped["corpus"]["BLEU-4"])

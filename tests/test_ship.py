@@ -222,6 +222,6 @@ def test_a_supervised_preset_is_its_shipped_preset_plus_attention_lambda(kind):
     # (session 28: better on validation for it, not for the supervised model).
     if kind == "hard":
         assert (supervised["data"].pop("train_images"), plain["data"].pop("train_images")) == (8000, 16000)
-        assert plain["model"].pop("relation_judge") is True and "relation_judge" not in supervised["model"]
+        assert plain["model"].pop("relation_judge") == 128 and "relation_judge" not in supervised["model"]
         assert plain["val"].pop("relation_prior") == 0.7 and "relation_prior" not in supervised["val"]
     assert supervised == plain

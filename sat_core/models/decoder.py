@@ -89,14 +89,15 @@ RELATION_STEP = 0.5  # cells: the relation judge's p(a left of b) = σ((x_b − 
 
 
 class RelationJudge(nn.Module):
-    """Where each of C categories lies: a map over the L cells per category, softmax_l(w_c · a_l + b_c), and its
-    centre (x, y) in cells, annotations (B, L, D) -> (B, C), (B, C) (``ModelConfig.relation_judge``,
+    """Where each of C categories lies: a map over the L cells per category, softmax over the cells of a score per
+    cell and category (a layer W wide on each annotation, then one per category), and its centre (x, y) in cells,
+    annotations (B, L, D) -> (B, C), (B, C) (``ModelConfig.relation_judge``,
     ``sat_core.relation_judge``). Fitted after training to the cells the scene's objects cover; decoding reads it
     only to rank finished captions by the relations they state (``DecodeConfig.relation_prior``)."""
 
-    def __init__(self, dim: int, categories: int) -> None:
+    def __init__(self, dim: int, width: int, categories: int) -> None:
         super().__init__()
-        self.where = nn.Linear(dim, categories)
+        self.where = nn.Sequential(nn.Linear(dim, width), nn.ReLU(), nn.Linear(width, categories))
 
     def maps(self, feats: torch.Tensor) -> torch.Tensor:
         """log p(cell | category), (B, L, C)."""
@@ -132,7 +133,8 @@ class Decoder(nn.Module):
         self.count_head = nn.Linear(G, counted * MAX_COUNT_CLASSES) if config.count_head else None
         self.colour_counter = ColourCounter(D, config.colour_counter, config.count_colours) if separate else None
         # A relation judge (config.relation_judge), fitted after training: where each counted category lies.
-        self.relation_judge = RelationJudge(D, config.count_head) if config.relation_judge else None
+        self.relation_judge = (RelationJudge(D, config.relation_judge, config.count_head) if config.relation_judge
+                               else None)
         self.init_h = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,h
         self.init_c = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,c
         self.attention = AttentionMLP(D, n, config.attn_dim, config.attention_activation)  # f_att
