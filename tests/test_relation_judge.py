@@ -15,7 +15,6 @@ from sat_core.decoding import _stated_relation_log_prior, beam_search, rank_by_s
 from sat_core.errors import SatError
 from sat_core.io import read_tensors
 from sat_core.models.captioner import Captioner
-from sat_core.models.decoder import RelationJudge
 from sat_core.scenes_catalog import COUNTED
 from sat_core.vocab import SPECIALS, Vocab
 from tests.conftest import tiny_config
