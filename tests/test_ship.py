@@ -137,7 +137,9 @@ def test_the_training_gets_what_the_budget_leaves_after_the_world_and_before_the
     # the hard preset's colour counter and relation judge are fitted after training, inside the same 45 minutes
     hard = TrainConfig.from_dict(json.loads(ship.preset_path("scenes_hard").read_text()))
     assert ship.fitting_minutes(hard) == sum(ship.FITTING_MINUTES.values())
-    assert ship.fitting_minutes(TrainConfig.from_dict(json.loads(ship.preset_path("scenes_soft").read_text()))) == 0
+    soft = TrainConfig.from_dict(json.loads(ship.preset_path("scenes_soft").read_text()))
+    assert ship.fitting_minutes(soft) == ship.FITTING_MINUTES["relation_judge"]  # no colour counter
+    assert ship.fitting_minutes(TrainConfig.from_dict(json.loads(ship.preset_path("shapes_soft").read_text()))) == 0
     assert ship.training_minutes(45, 0, 42, ship.fitting_minutes(hard)) == pytest.approx(
         45 - ship.EVALUATION_MINUTES - 6.5)
     with pytest.raises(SatError, match=r"and 6\.5 for fitting after training"):
@@ -153,10 +155,12 @@ def test_ship_hands_the_training_its_share_of_the_budget_and_says_how_long_it_to
     assert ship.main(["scenes_soft", "--minutes", "20", "--out", str(tmp_path)]) == 0
     [(preset, minutes)] = calls
     assert preset == "scenes_soft.json"
-    assert 20 - ship.EVALUATION_MINUTES - 0.1 < minutes <= 20 - ship.EVALUATION_MINUTES  # below the preset's 42
+    # below the preset's 42: the budget less the evaluation and the relation judge fitted after training
+    kept = ship.EVALUATION_MINUTES + ship.FITTING_MINUTES["relation_judge"]
+    assert 20 - kept - 0.1 < minutes <= 20 - kept
     assert f"ship: {tmp_path / 'scenes_soft'} written in 0.0 min (budget 20)" in capsys.readouterr().out
-    assert ship.main(["scenes_soft", "--minutes", "3"]) == 2  # no time left to train: refused, said why
-    assert "--minutes 3 leaves 0.5 min to train" in capsys.readouterr().err
+    assert ship.main(["scenes_soft", "--minutes", "5"]) == 2  # no time left to train: refused, said why
+    assert "--minutes 5 leaves 0.5 min to train" in capsys.readouterr().err
 
 
 def test_the_card_says_how_long_the_setup_took_when_the_log_kept_it(tmp_path):
