@@ -106,8 +106,9 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
                      "training (`sat_core.colour_counter`)" if pairs and counter else "")
                   + "; decoding reads it only to rank finished captions (`--count-prior`)."]
         if model.get("relation_judge"):
-            lines += [f"- Relation judge on the annotations, {model['relation_judge']} wide: where each category lies "
-                      "(a map over the cells), fitted "
+            feet = " and where its feet stand" if model.get("relation_feet", True) else ""
+            lines += [f"- Relation judge on the annotations, {model['relation_judge']} wide: where each category lies{feet} "
+                      "(maps over the cells), fitted "
                       "after training (`sat_core.relation_judge`); decoding reads it only to rank finished captions "
                       "by the relations they state (`--relation-prior`)."]
     if training.get("dataset"):

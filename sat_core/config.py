@@ -200,6 +200,8 @@ class ModelConfig(Config):
                                  "per category), fitted after training on the trained model's annotations (python -m "
                                  "sat_core.relation_judge; the ship runs it when the preset names it) and read only to "
                                  "rank captions by the relations they state (--relation-prior); 0: none", low=0)
+    relation_feet: bool = option(True, "with relation_judge: a second map per category, of the row its objects' feet "
+                                 "stand on, judges \"in front of\" and \"behind\" (off: the centre's row does)")
     vocab_size: int = option(0, "K, set from the vocabulary", low=0, derived=True)
     embed_dim: int = option(64, "m, word embedding size", low=1)
     hidden_dim: int = option(256, "n, LSTM size", low=1)

@@ -365,35 +365,36 @@ def rank_by_stated_counts(model: Captioner, feats: torch.Tensor, results: list[l
     ``relations`` (``DecodeConfig.relation_prior``): plus relations · log p_judge(the relations the caption
     states), the relation judge reading the same annotations (``_stated_relation_log_prior``)."""
     logp = _head_log_counts(model, feats) if weight else None  # (B, C, 5)
-    where = _judge_centres(model, feats) if relations else None  # (B, C) x, (B, C) y
+    where = _judge_centres(model, feats) if relations else None  # (B, C) x, y, feet
     for b, hyps in enumerate(results):
         for i, hyp in enumerate(hyps):
             if hyp.finished:
                 prior = weight * _stated_log_prior(logp[b], hyp.words) if weight else 0.0
                 if relations:
-                    prior += relations * _stated_relation_log_prior(where[0][b], where[1][b], hyp.words)
+                    prior += relations * _stated_relation_log_prior([w[b] for w in where], hyp.words)
                 hyps[i] = dataclasses.replace(hyp, prior=prior)
         hyps.sort(key=_rank)
 
 
 # The relations a caption can state, as a signed distance in cells that is positive when it holds: "a left of b"
-# holds the more, the further right b's centre lies of a's. "in front of" is judged by height in the picture:
-# the world puts nearer things lower.
+# holds the more, the further right b's centre lies of a's. "in front of" is judged by where the feet stand: the
+# world puts nearer things lower.
 _RELATION_AXES = {"left_of": (0, 1), "right_of": (0, -1), "above": (1, 1), "below": (1, -1),
-                  "in_front_of": (1, -1), "behind": (1, 1)}
+                  "in_front_of": (2, -1), "behind": (2, 1)}  # 0: centre x, 1: centre y, 2: the row of the feet
 
 
 @torch.no_grad()
-def _judge_centres(model: Captioner, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The relation judge's centre (x, y) of each category per image, (B, C) each, on the CPU in fp32."""
+def _judge_centres(model: Captioner, feats: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The relation judge's centre x and y and row of the feet of each category per image, (B, C) each, on the
+    CPU in fp32."""
     with autocast(feats.device, "fp32"):
-        x, y = model.decoder.relation_judge(feats.float())
-    return x.cpu(), y.cpu()
+        return tuple(v.cpu() for v in model.decoder.relation_judge(feats.float()))
 
 
-def _stated_relation_log_prior(x: torch.Tensor, y: torch.Tensor, words: Sequence[str]) -> float:
-    """log p_judge(the relations a caption states) from one image's category centres (C,) each: for "a <relation>
-    b", log σ(signed distance / RELATION_STEP) between the centres of a's and b's categories (``_RELATION_AXES``).
+def _stated_relation_log_prior(where: Sequence[torch.Tensor], words: Sequence[str]) -> float:
+    """log p_judge(the relations a caption states) from one image's category centres x, y and feet rows, (C,)
+    each: for "a <relation> b", log σ(signed distance / RELATION_STEP) between a's and b's categories
+    (``_RELATION_AXES``).
     "next to", and a relation between two groups of one category, are not judged (0)."""
     from sat_core.models.decoder import RELATION_STEP
     from sat_core.scenes_catalog import COUNTED
@@ -407,8 +408,7 @@ def _stated_relation_log_prior(x: torch.Tensor, y: torch.Tensor, words: Sequence
         if r.relation not in _RELATION_AXES or a == b or a not in index or b not in index:
             continue
         axis, sign = _RELATION_AXES[r.relation]
-        centre = x if axis == 0 else y
-        distance = sign * float(centre[index[b]] - centre[index[a]])
+        distance = sign * float(where[axis][index[b]] - where[axis][index[a]])
         total += float(torch.nn.functional.logsigmoid(torch.tensor(distance / RELATION_STEP)))
     return total
 
@@ -1030,8 +1030,8 @@ def best_reference(
         logp = _head_log_counts(model, image.feats)[0]
         priors = [cfg.count_prior * _stated_log_prior(logp, vocab.decode(ids)) for _, ids in captions]
     if cfg.relation_prior:
-        x, y = _judge_centres(model, image.feats)
-        priors = [p + cfg.relation_prior * _stated_relation_log_prior(x[0], y[0], vocab.decode(ids))
+        where = [w[0] for w in _judge_centres(model, image.feats)]
+        priors = [p + cfg.relation_prior * _stated_relation_log_prior(where, vocab.decode(ids))
                   for p, (_, ids) in zip(priors, captions)]
     best = int(np.argmax([score + prior for score, prior in zip(scores, priors)]))
     return ReferenceScore(captions[best][0], scores[best], len(captions), priors[best])

@@ -38,6 +38,7 @@ from sat_core.scenes_catalog import COUNTED
 @dataclasses.dataclass(frozen=True)
 class FitConfig:
     width: int = 128  # W, the layer on each annotation
+    feet: bool = True  # a map of where each category's feet stand, too (ModelConfig.relation_feet)
     train_images: int = 8000  # the first N training scenes (0: all)
     epochs: int = 8
     lr: float = 1e-2  # one-cycle peak
@@ -46,27 +47,33 @@ class FitConfig:
 
 
 def coverage(objects: list[dict], image_size: int, side: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per counted category, the share of each of side × side cells its objects' boxes cover, normalised to
-    sum to 1 over the cells (C, side²), and which categories the scene holds (C,) bool."""
+    """Per counted category, the share of each of side × side cells its objects' boxes cover, then the share of
+    each cell of the row their feet stand on (its box's bottom edge), each map normalised to sum to 1 over the
+    cells (2C, side²), and which maps the scene fills (2C,) bool."""
     index = {c: i for i, c in enumerate(COUNTED)}
-    cell = image_size / side
+    C, cell = len(COUNTED), image_size / side
     edges = np.arange(side) * cell
-    maps = np.zeros((len(COUNTED), side * side), np.float32)
+    maps = np.zeros((2 * C, side * side), np.float32)
     for o in objects:
         x, y, w, h = o["full_bbox"]
         across = np.clip((np.minimum(x + w, edges + cell) - np.maximum(x, edges)) / cell, 0, 1)
         down = np.clip((np.minimum(y + h, edges + cell) - np.maximum(y, edges)) / cell, 0, 1)
         maps[index[o["category"]]] += np.outer(down, across).reshape(-1)
+        foot = min(max(int((min(y + h, image_size) - 1) // cell), 0), side - 1)
+        maps[C + index[o["category"]], foot * side:(foot + 1) * side] += across
     present = maps.sum(1) > 0
     maps[present] /= maps[present].sum(1, keepdims=True)
     return maps, present
 
 
 def fit(feats: torch.Tensor, maps: torch.Tensor, present: torch.Tensor, cfg: FitConfig) -> tuple[RelationJudge, float]:
-    """A RelationJudge fitted by Adam on a one-cycle schedule to −Σ_l target_l log p(l | category) over the
-    categories each scene holds: (judge, last epoch's mean loss). Deterministic for a seed."""
+    """A RelationJudge fitted by Adam on a one-cycle schedule to −Σ_l target_l log p(l | map) over the maps (N, 2C,
+    L) each scene fills (``coverage``): (judge, last epoch's mean loss). Deterministic for a seed."""
     torch.manual_seed(cfg.seed)
-    judge = RelationJudge(feats.shape[-1], cfg.width, maps.shape[1])
+    C = maps.shape[1] // 2  # maps: (N, 2C, L), the feet maps after the objects' ones
+    if not cfg.feet:
+        maps, present = maps[:, :C], present[:, :C]
+    judge = RelationJudge(feats.shape[-1], cfg.width, C, cfg.feet)
 
     def loss(rows: torch.Tensor) -> torch.Tensor:
         logp = judge.maps(feats[rows].float()).transpose(1, 2)  # (b, C, L)
@@ -94,7 +101,8 @@ def add_relation_judge(loaded: ckpt.LoadedCheckpoint, data: KarpathyData, cfg: F
     judge, loss = fit(feats, maps, present, cfg)
     log(f"relation judge: {len(feats)} training scenes encoded in {encoded - started:.0f} s, {cfg.epochs} epochs "
         f"fitted in {time.perf_counter() - encoded:.0f} s (last loss {loss:.3f} nats per category)")
-    return attach(loaded, dataclasses.replace(loaded.model_config, relation_judge=cfg.width), "relation_judge", judge)
+    config = dataclasses.replace(loaded.model_config, relation_judge=cfg.width, relation_feet=cfg.feet)
+    return attach(loaded, config, "relation_judge", judge)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--images", required=True, help="its image folder")
     p.add_argument("--out", required=True, type=Path, help="the new checkpoint folder (not the one read)")
     p.add_argument("--width", type=int, default=FitConfig.width, help="W, the layer on each annotation")
+    p.add_argument("--no-feet", dest="feet", action="store_false",
+                   help="no map of where each category's feet stand: \"in front of\" by the centres' rows")
     p.add_argument("--train-images", type=int, default=FitConfig.train_images,
                    help="fit on the first N training scenes (0: all)")
     p.add_argument("--epochs", type=int, default=FitConfig.epochs)
@@ -115,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SatError("--out must be a new folder: the checkpoint read keeps its own figures.")
         loaded = ckpt.load_checkpoint(args.checkpoint)
         data = load_karpathy(args.data, args.images)
-        judged = add_relation_judge(loaded, data, FitConfig(width=args.width, train_images=args.train_images,
-                                                            epochs=args.epochs))
+        judged = add_relation_judge(loaded, data, FitConfig(width=args.width, feet=args.feet,
+                                                            train_images=args.train_images, epochs=args.epochs))
         ckpt.save_checkpoint(args.out, judged.model, model_config=judged.model_config, vocab=judged.vocab,
                              preprocess=judged.preprocess, training=judged.config.get("training"))
     except SatError as exc:

@@ -163,7 +163,8 @@ def package(name: str, cfg: TrainConfig, beam: int | None, out_root: Path, *, re
     if cfg.model.relation_judge and loaded.model.decoder.relation_judge is None:  # fitted after training, too
         from sat_core.relation_judge import FitConfig as JudgeFit, add_relation_judge
 
-        loaded = add_relation_judge(loaded, data, JudgeFit(width=cfg.model.relation_judge), log=print)
+        loaded = add_relation_judge(loaded, data, JudgeFit(width=cfg.model.relation_judge, feet=cfg.model.relation_feet),
+                                    log=print)
     as_shipped(loaded.model)  # the figures describe the weights in the shipped file, not the run's fp32 ones
     decode = cfg.val if beam is None else dataclasses.replace(cfg.val, beam_size=beam)  # the preset's val settings
     result = evaluate(loaded, data, "test", decode, search_errors=True)

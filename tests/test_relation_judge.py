@@ -26,12 +26,15 @@ def test_coverage_puts_each_category_where_its_boxes_are():
     objects = [{"category": "dog", "full_bbox": [0, 0, 16, 16]}, {"category": "dog", "full_bbox": [48, 48, 16, 32]},
                {"category": "cat", "full_bbox": [8, 56, 16, 8]}]
     maps, present = relation_judge.coverage(objects, 64, 4)  # 16-px cells
-    assert present[DOG] and present[CAT] and present.sum() == 2
+    C = len(COUNTED)
+    assert present[DOG] and present[CAT] and present[C + DOG] and present[C + CAT] and present.sum() == 4
     dog = maps[DOG].reshape(4, 4)
     # the second dog's box runs off the 64-px image: only its cell inside counts
     assert dog[0, 0] == pytest.approx(0.5) and dog[3, 3] == pytest.approx(0.5) and dog.sum() == pytest.approx(1)
     cat = maps[CAT].reshape(4, 4)  # half of cells (3, 0) and (3, 1)
     assert cat[3, 0] == pytest.approx(0.5) and cat[3, 1] == pytest.approx(0.5)
+    feet = maps[C + DOG].reshape(4, 4)  # the rows the dogs stand on: row 0 (y 16) and the image's last row
+    assert feet[0, 0] == pytest.approx(0.5) and feet[3, 3] == pytest.approx(0.5) and feet[1:3].sum() == 0
 
 
 def test_fit_learns_where_each_category_is():
@@ -40,26 +43,31 @@ def test_fit_learns_where_each_category_is():
     n, side, C = 200, 4, 3
     where = torch.randint(0, side * side, (n, C))
     feats = torch.zeros(n, side * side, C, dtype=torch.float16)
-    maps = torch.zeros(n, C, side * side)
+    maps = torch.zeros(n, 2 * C, side * side)  # each object fills one cell and stands on it
     for c in range(C):
         feats[torch.arange(n), where[:, c], c] = 8  # a strong detector: one weight makes it win the softmax
         maps[torch.arange(n), c, where[:, c]] = 1
-    present = torch.ones(n, C, dtype=torch.bool)
+        maps[torch.arange(n), C + c, where[:, c]] = 1
+    present = torch.ones(n, 2 * C, dtype=torch.bool)
     cfg = relation_judge.FitConfig(width=16, epochs=30, batch_size=32)
     judge, loss = relation_judge.fit(feats, maps, present, cfg)
     with torch.no_grad():
-        x, y = judge(feats.float())
+        x, y, feet = judge(feats.float())
     # within half a cell of the cell drawn (what is left of the softmax pulls each centre a little inwards)
     assert torch.allclose(x, (where % side).float(), atol=0.5) and torch.allclose(y, (where // side).float(), atol=0.5)
+    assert torch.allclose(feet, (where // side).float(), atol=0.5)
+    flat, _ = relation_judge.fit(feats, maps, present, relation_judge.FitConfig(width=16, epochs=2, feet=False))
+    assert flat.where[2].out_features == C and torch.equal(flat(feats.float())[2], flat(feats.float())[1])
     assert loss < 0.5
     again, _ = relation_judge.fit(feats, maps, present, cfg)
     assert torch.equal(again.where[2].weight, judge.where[2].weight)  # deterministic for a seed
 
 
 def test_the_prior_believes_the_relations_where_the_judge_sees_the_categories():
-    x, y = torch.zeros(len(COUNTED)), torch.zeros(len(COUNTED))
-    x[DOG], x[CAT], y[DOG], y[CAT] = 2.0, 10.0, 12.0, 3.0  # the dog left of and below (in front of) the cat
-    prior = lambda text: _stated_relation_log_prior(x, y, text.split())  # noqa: E731
+    x, y, feet = torch.zeros(len(COUNTED)), torch.zeros(len(COUNTED)), torch.zeros(len(COUNTED))
+    x[DOG], x[CAT], y[DOG], y[CAT] = 2.0, 10.0, 12.0, 3.0  # the dog left of and below the cat
+    feet[DOG], feet[CAT] = 13.0, 4.0  # and standing lower: in front of it
+    prior = lambda text: _stated_relation_log_prior([x, y, feet], text.split())  # noqa: E731
     assert prior("a dog to the left of a cat") > -0.01
     assert prior("a cat to the left of a dog") < -10
     assert prior("a dog in front of a cat") > -0.01 and prior("a dog behind a cat") < -10
@@ -67,6 +75,8 @@ def test_the_prior_believes_the_relations_where_the_judge_sees_the_categories():
     assert prior("two dogs and a cat") == 0.0  # nothing stated, nothing judged
     assert prior("a dog next to a cat") == 0.0  # not judged
     assert prior("a red dog to the left of a brown dog") == 0.0  # one category: the judge cannot tell
+    feet[DOG] = 2.0  # a tall cat standing lower than the dog, whose centre is lower: the feet decide "in front of"
+    assert prior("a cat in front of a dog") > -0.02 and prior("a dog in front of a cat") < -3  # 2 rows apart
 
 
 def _checkpoint(path, metrics=None):
@@ -116,7 +126,7 @@ def test_the_cli_writes_a_new_checkpoint_with_a_judge_and_says_how_to_evaluate_i
     assert json.loads((out / ckpt.CONFIG_FILE).read_text())["model"]["relation_judge"] == 4
     weights = read_tensors(out / ckpt.WEIGHTS_FILE)[0]
     assert tuple(weights["decoder.relation_judge.where.0.weight"].shape) == (4, 16)
-    assert tuple(weights["decoder.relation_judge.where.2.weight"].shape) == (len(COUNTED), 4)
+    assert tuple(weights["decoder.relation_judge.where.2.weight"].shape) == (2 * len(COUNTED), 4)  # and feet
     before, after = ckpt.load_checkpoint(source), ckpt.load_checkpoint(out)
     assert torch.equal(before.model.decoder.L_o.weight, after.model.decoder.L_o.weight)  # the rest unchanged
     hyps = beam_search(after.model, torch.rand(1, 3, 32, 32), after.vocab, DecodeConfig(beam_size=2, max_len=4,

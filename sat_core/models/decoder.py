@@ -89,28 +89,31 @@ RELATION_STEP = 0.5  # cells: the relation judge's p(a left of b) = σ((x_b − 
 
 
 class RelationJudge(nn.Module):
-    """Where each of C categories lies: a map over the L cells per category, softmax over the cells of a score per
-    cell and category (a layer W wide on each annotation, then one per category), and its centre (x, y) in cells,
-    annotations (B, L, D) -> (B, C), (B, C) (``ModelConfig.relation_judge``,
-    ``sat_core.relation_judge``). Fitted after training to the cells the scene's objects cover; decoding reads it
-    only to rank finished captions by the relations they state (``DecodeConfig.relation_prior``)."""
+    """Where each of C categories lies and where it stands: two maps over the L cells per category — the cells its
+    objects cover, and the cells of the row their feet stand on — each a softmax over the cells of a score per cell
+    (a layer W wide on each annotation, then 2C scores); annotations (B, L, D) -> the centre x and y of the first
+    and the row of the second, (B, C) each, in cells (``ModelConfig.relation_judge``, ``sat_core.relation_judge``).
+    Fitted after training to the scene's objects; decoding reads it only to rank finished captions by the relations
+    they state (``DecodeConfig.relation_prior``)."""
 
-    def __init__(self, dim: int, width: int, categories: int) -> None:
+    def __init__(self, dim: int, width: int, categories: int, feet: bool = True) -> None:
         super().__init__()
-        self.where = nn.Sequential(nn.Linear(dim, width), nn.ReLU(), nn.Linear(width, categories))
+        self.feet = feet  # without feet maps (ModelConfig.relation_feet off) the centre's row stands for the feet
+        self.where = nn.Sequential(nn.Linear(dim, width), nn.ReLU(), nn.Linear(width, (2 if feet else 1) * categories))
 
     def maps(self, feats: torch.Tensor) -> torch.Tensor:
-        """log p(cell | category), (B, L, C)."""
+        """log p(cell | category's objects), then log p(cell | category's feet): (B, L, 2C) (C without feet)."""
         return self.where(feats).float().log_softmax(dim=1)
 
-    def forward(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         L = feats.shape[1]
         side = round(L ** 0.5)
         cell = torch.arange(L, device=feats.device)
-        p = self.maps(feats).exp()  # (B, L, C)
-        x = (p * (cell % side).float()[None, :, None]).sum(1)
-        y = (p * (cell // side).float()[None, :, None]).sum(1)
-        return x, y
+        p = self.maps(feats).exp()  # (B, L, 2C)
+        C = p.shape[2] // 2 if self.feet else p.shape[2]
+        column, row = (cell % side).float()[None, :, None], (cell // side).float()[None, :, None]
+        x, y = (p[..., :C] * column).sum(1), (p[..., :C] * row).sum(1)
+        return x, y, (p[..., C:] * row).sum(1) if self.feet else y
 
 
 class Decoder(nn.Module):
@@ -133,8 +136,8 @@ class Decoder(nn.Module):
         self.count_head = nn.Linear(G, counted * MAX_COUNT_CLASSES) if config.count_head else None
         self.colour_counter = ColourCounter(D, config.colour_counter, config.count_colours) if separate else None
         # A relation judge (config.relation_judge), fitted after training: where each counted category lies.
-        self.relation_judge = (RelationJudge(D, config.relation_judge, config.count_head) if config.relation_judge
-                               else None)
+        self.relation_judge = (RelationJudge(D, config.relation_judge, config.count_head, config.relation_feet)
+                               if config.relation_judge else None)
         self.init_h = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,h
         self.init_c = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,c
         self.attention = AttentionMLP(D, n, config.attn_dim, config.attention_activation)  # f_att
