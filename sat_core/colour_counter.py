@@ -20,12 +20,14 @@ import argparse
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from sat_core import checkpoint as ckpt
+from sat_core.config import DecodeConfig
 from sat_core.data import KarpathyData, load_karpathy
 from sat_core.decoding import encode_images
 from sat_core.errors import SatError
@@ -127,42 +129,59 @@ def add_colour_counter(loaded: ckpt.LoadedCheckpoint, data: KarpathyData, cfg: F
     return attach(loaded, config, "colour_counter", counter)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sat_core.colour_counter", description=__doc__.split("\n")[0])
+def decoding_flags(cfg: DecodeConfig) -> str:
+    """The command-line flags of a DecodeConfig's beam, length normalisation and scenes rules."""
+    return " ".join([f"--beam {cfg.beam_size}", f"--length-norm {cfg.length_norm:g}",
+                     "--one-mention-per-kind" if cfg.one_mention_per_kind else "--no-one-mention-per-kind",
+                     "--distinct-content" if cfg.distinct_content else "--no-distinct-content"])
+
+
+def fitting_parser(prog: str, description: str, defaults, width_help: str) -> argparse.ArgumentParser:
+    """The command line of a module fitted after training (this counter, ``sat_core.relation_judge``), with the
+    width, training scenes and epochs of its ``defaults`` (its FitConfig)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--checkpoint", required=True, help="a scenes checkpoint trained with --count-lambda")
     p.add_argument("--data", required=True, help="the scenes world's dataset.json")
     p.add_argument("--images", required=True, help="its image folder")
     p.add_argument("--out", required=True, type=Path, help="the new checkpoint folder (not the one read)")
-    p.add_argument("--width", type=int, default=FitConfig.width, help="G', the counting layer's width")
-    p.add_argument("--train-images", type=int, default=FitConfig.train_images,
+    p.add_argument("--width", type=int, default=defaults.width, help=width_help)
+    p.add_argument("--train-images", type=int, default=defaults.train_images,
                    help="fit on the first N training scenes (0: all)")
-    p.add_argument("--epochs", type=int, default=FitConfig.epochs)
-    args = p.parse_args(argv)
+    p.add_argument("--epochs", type=int, default=defaults.epochs)
+    return p
+
+
+def run_fitting(p: argparse.ArgumentParser, args: argparse.Namespace,
+                fitted: Callable[[ckpt.LoadedCheckpoint, KarpathyData], ckpt.LoadedCheckpoint],
+                priors: Callable[[DecodeConfig], str]) -> int:
+    """Read the checkpoint and the world ``args`` name, write ``fitted(loaded, data)`` to ``--out`` (never over the
+    checkpoint read) and say how to evaluate it: the source's decoding flags, then ``priors(its defaults)``."""
     if args.width < 1 or args.epochs < 1 or args.train_images < 0:
         p.error("--width and --epochs must be at least 1, --train-images at least 0")
     try:
         if args.out.resolve() == Path(args.checkpoint).resolve():
             raise SatError("--out must be a new folder: the checkpoint read keeps its own figures.")
         loaded = ckpt.load_checkpoint(args.checkpoint)
-        data = load_karpathy(args.data, args.images)
-        counted = add_colour_counter(loaded, data, FitConfig(width=args.width, train_images=args.train_images,
-                                                            epochs=args.epochs))
-        ckpt.save_checkpoint(args.out, counted.model, model_config=counted.model_config, vocab=counted.vocab,
-                             preprocess=counted.preprocess, training=counted.config.get("training"))
+        result = fitted(loaded, load_karpathy(args.data, args.images))
+        ckpt.save_checkpoint(args.out, result.model, model_config=result.model_config, vocab=result.vocab,
+                             preprocess=result.preprocess, training=result.config.get("training"))
     except SatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    defaults = loaded.decode_defaults()
     print(f"wrote {args.out}: evaluate it with python -m sat_core.evaluate --checkpoint {args.out} --data {args.data} "
-          f"--images {args.images} {decoding_flags(loaded.decode_defaults())} --count-prior 1 --card  (the new "
-          f"checkpoint has no figures yet, so name the decoding: these are {args.checkpoint}'s)")
+          f"--images {args.images} {decoding_flags(defaults)}{priors(defaults)} --card  (the new checkpoint has no "
+          f"figures yet, so name the decoding: these are {args.checkpoint}'s)")
     return 0
 
 
-def decoding_flags(cfg) -> str:
-    """The command-line flags of a DecodeConfig's beam, length normalisation and scenes rules."""
-    return " ".join([f"--beam {cfg.beam_size}", f"--length-norm {cfg.length_norm:g}",
-                     "--one-mention-per-kind" if cfg.one_mention_per_kind else "--no-one-mention-per-kind",
-                     "--distinct-content" if cfg.distinct_content else "--no-distinct-content"])
+def main(argv: list[str] | None = None) -> int:
+    p = fitting_parser("python -m sat_core.colour_counter", __doc__.split("\n")[0], FitConfig(),
+                       "G', the counting layer's width")
+    args = p.parse_args(argv)
+    fit_config = FitConfig(width=args.width, train_images=args.train_images, epochs=args.epochs)
+    return run_fitting(p, args, lambda loaded, data: add_colour_counter(loaded, data, fit_config),
+                       lambda defaults: " --count-prior 1")
 
 
 if __name__ == "__main__":

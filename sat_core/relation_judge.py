@@ -18,18 +18,16 @@ it came from.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from sat_core import checkpoint as ckpt
-from sat_core.colour_counter import attach, decoding_flags, fit_rows, training_annotations
-from sat_core.data import KarpathyData, load_karpathy
+from sat_core.colour_counter import attach, fit_rows, fitting_parser, run_fitting, training_annotations
+from sat_core.data import KarpathyData
 from sat_core.errors import SatError
 from sat_core.models.decoder import RelationJudge
 from sat_core.scenes_catalog import COUNTED
@@ -106,38 +104,15 @@ def add_relation_judge(loaded: ckpt.LoadedCheckpoint, data: KarpathyData, cfg: F
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sat_core.relation_judge", description=__doc__.split("\n")[0])
-    p.add_argument("--checkpoint", required=True, help="a scenes checkpoint trained with --count-lambda")
-    p.add_argument("--data", required=True, help="the scenes world's dataset.json")
-    p.add_argument("--images", required=True, help="its image folder")
-    p.add_argument("--out", required=True, type=Path, help="the new checkpoint folder (not the one read)")
-    p.add_argument("--width", type=int, default=FitConfig.width, help="W, the layer on each annotation")
+    p = fitting_parser("python -m sat_core.relation_judge", __doc__.split("\n")[0], FitConfig(),
+                       "W, the layer on each annotation")
     p.add_argument("--no-feet", dest="feet", action="store_false",
                    help="no map of where each category's feet stand: \"in front of\" by the centres' rows")
-    p.add_argument("--train-images", type=int, default=FitConfig.train_images,
-                   help="fit on the first N training scenes (0: all)")
-    p.add_argument("--epochs", type=int, default=FitConfig.epochs)
     args = p.parse_args(argv)
-    if args.width < 1 or args.epochs < 1 or args.train_images < 0:
-        p.error("--width and --epochs must be at least 1, --train-images at least 0")
-    try:
-        if args.out.resolve() == Path(args.checkpoint).resolve():
-            raise SatError("--out must be a new folder: the checkpoint read keeps its own figures.")
-        loaded = ckpt.load_checkpoint(args.checkpoint)
-        data = load_karpathy(args.data, args.images)
-        judged = add_relation_judge(loaded, data, FitConfig(width=args.width, feet=args.feet,
-                                                            train_images=args.train_images, epochs=args.epochs))
-        ckpt.save_checkpoint(args.out, judged.model, model_config=judged.model_config, vocab=judged.vocab,
-                             preprocess=judged.preprocess, training=judged.config.get("training"))
-    except SatError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    defaults = loaded.decode_defaults()
-    prior = f" --count-prior {defaults.count_prior:g}" if defaults.count_prior else ""
-    print(f"wrote {args.out}: evaluate it with python -m sat_core.evaluate --checkpoint {args.out} --data {args.data} "
-          f"--images {args.images} {decoding_flags(defaults)}{prior} --relation-prior 1 --card  (the new checkpoint "
-          f"has no figures yet, so name the decoding: these are {args.checkpoint}'s)")
-    return 0
+    fit_config = FitConfig(width=args.width, feet=args.feet, train_images=args.train_images, epochs=args.epochs)
+    return run_fitting(p, args, lambda loaded, data: add_relation_judge(loaded, data, fit_config),
+                       lambda defaults: (f" --count-prior {defaults.count_prior:g}" if defaults.count_prior else "")
+                       + " --relation-prior 1")
 
 
 if __name__ == "__main__":

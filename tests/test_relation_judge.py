@@ -162,3 +162,14 @@ def test_the_ship_fits_the_judge_a_preset_names_once(tmp_path, scenes, capsys):
     with pytest.raises(SatError, match="--relation-judge judges the scenes world's categories"):
         TrainConfig.from_dict({"model": {"relation_judge": 4}})
     assert np.isfinite(shipped["corpus"]["BLEU-4"])
+
+
+def test_each_fitting_command_takes_its_own_defaults():
+    """The counter and the judge share one command line; each fits with its own FitConfig unless told."""
+    from sat_core import colour_counter
+    needed = ["--checkpoint", "c", "--data", "d", "--images", "i", "--out", "o"]
+    for module in (relation_judge, colour_counter):
+        args = module.fitting_parser("p", "d", module.FitConfig(), "w").parse_args(needed)
+        defaults = module.FitConfig()
+        assert (args.width, args.train_images, args.epochs) == (defaults.width, defaults.train_images, defaults.epochs)
+    assert relation_judge.FitConfig().train_images != colour_counter.FitConfig().train_images
