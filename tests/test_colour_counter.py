@@ -87,6 +87,20 @@ def test_a_model_without_a_count_head_or_a_world_without_objects_is_refused(tmp_
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
 
+def packaging_config(target, scenes, model: dict, val: dict):
+    """Give the checkpoint at ``target`` the training record that ``ship.package(repackage=True)`` reads, and
+    return a preset over the ``scenes`` world with ``model``'s and ``val``'s settings."""
+    from sat_core.config import TrainConfig
+
+    metrics = {"training": {"epochs": 1, "train_minutes": 0.1, "captions_per_s": 10.0, "best_epoch": 1,
+                            "best_val_bleu4": 0.0, "precision": "fp32", "encoder_minutes": "n/a"}}
+    (target / "metrics.json").write_text(json.dumps(metrics))
+    return TrainConfig.from_dict({
+        "data": {"dataset": str(scenes / "dataset.json"), "images": str(scenes)},
+        "model": {"attention": "soft", "init_cells": 8, **model}, "optim": {"count_lambda": 0.1},
+        "val": {"beam_size": 1, "max_len": 4, **val}})
+
+
 def test_the_ship_fits_the_counter_a_preset_names_once(tmp_path, scenes, capsys):
     """package() fits the colour counter when the preset names one and the checkpoint has none, evaluates the
     checkpoint with it and ships it; packaging again keeps the fitted counter."""
@@ -95,14 +109,7 @@ def test_the_ship_fits_the_counter_a_preset_names_once(tmp_path, scenes, capsys)
 
     target = tmp_path / "checkpoints" / "scenes_soft"
     _checkpoint(target)
-    metrics = {"training": {"epochs": 1, "train_minutes": 0.1, "captions_per_s": 10.0, "best_epoch": 1,
-                            "best_val_bleu4": 0.0, "precision": "fp32", "encoder_minutes": "n/a"}}
-    (target / "metrics.json").write_text(json.dumps(metrics))
-    cfg = TrainConfig.from_dict({
-        "data": {"dataset": str(scenes / "dataset.json"), "images": str(scenes)},
-        "model": {"attention": "soft", "init_cells": 8, "colour_counter": 8},
-        "optim": {"count_lambda": 0.1},
-        "val": {"beam_size": 1, "max_len": 4, "count_prior": 1.0}})
+    cfg = packaging_config(target, scenes, {"colour_counter": 8}, {"count_prior": 1.0})
     shipped = ship.package("scenes_soft", cfg, None, tmp_path / "checkpoints", repackage=True)
     assert "colour counter: 6 training scenes encoded" in capsys.readouterr().out
     assert shipped["count_prior"] == 1.0

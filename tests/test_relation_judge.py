@@ -141,17 +141,11 @@ def test_the_cli_writes_a_new_checkpoint_with_a_judge_and_says_how_to_evaluate_i
 def test_the_ship_fits_the_judge_a_preset_names_once(tmp_path, scenes, capsys):
     from sat_core import ship
     from sat_core.config import TrainConfig
+    from tests.test_colour_counter import packaging_config
 
     target = tmp_path / "checkpoints" / "scenes_hard"
     _checkpoint(target)
-    metrics = {"training": {"epochs": 1, "train_minutes": 0.1, "captions_per_s": 10.0, "best_epoch": 1,
-                            "best_val_bleu4": 0.0, "precision": "fp32", "encoder_minutes": "n/a"}}
-    (target / "metrics.json").write_text(json.dumps(metrics))
-    cfg = TrainConfig.from_dict({
-        "data": {"dataset": str(scenes / "dataset.json"), "images": str(scenes)},
-        "model": {"attention": "soft", "init_cells": 8, "relation_judge": 4},
-        "optim": {"count_lambda": 0.1},
-        "val": {"beam_size": 1, "max_len": 4, "relation_prior": 0.7}})
+    cfg = packaging_config(target, scenes, {"relation_judge": 4}, {"relation_prior": 0.7})
     shipped = ship.package("scenes_hard", cfg, None, tmp_path / "checkpoints", repackage=True)
     assert "relation judge: 6 training scenes encoded" in capsys.readouterr().out
     assert shipped["relation_prior"] == 0.7 and ckpt.load_checkpoint(target).relation_prior == 0.7
