@@ -21,6 +21,7 @@ UPLOAD_TYPES = ["png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff"]
 # soft model's validation scenes every weight from 0.1 to 1 ranked the same captions first).
 COUNT_PRIOR = 1.0
 RELATION_PRIOR = 1.0  # the weight a model without figures ranks by when the box is ticked
+RELATION_CHOICE = 4.0  # and its weight among the wordings of one statement (the shipped models' validated value)
 
 
 def checkpoint_names(paths: list[str], roots: tuple[Path, ...]) -> dict[str, str]:
@@ -101,7 +102,8 @@ def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
         "Rank by the relation judge", key="relations", disabled=not judge,
         help="Models with a relation judge (python -m sat_core.relation_judge): of the captions beam search "
              "finished, prefer the ones whose relations (\"left of\", \"above\", \"in front of\") agree with "
-             "where the judge sees each category; nothing else changes. Set to what the checkpoint was evaluated "
+             "where the judge sees each category, and of the captions naming the same objects, the one whose "
+             "relations it believes most; nothing else changes. Set to what the checkpoint was evaluated "
              "with whenever a checkpoint is chosen.")
     state.keep_choice("hard_mode", ["expect", "sample"])
     hard_mode = st.sidebar.radio(
@@ -120,7 +122,9 @@ def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
     return DecodeConfig(beam_size=beam, max_len=max_len, length_norm=float(length_norm), hard_mode=hard_mode,
                         seed=seed, one_mention_per_kind=bool(kinds), distinct_content=bool(distinct),
                         count_prior=(loaded.count_prior or COUNT_PRIOR) if counts and head else 0.0,
-                        relation_prior=(loaded.relation_prior or RELATION_PRIOR) if relations and judge else 0.0)
+                        relation_prior=(loaded.relation_prior or RELATION_PRIOR) if relations and judge else 0.0,
+                        relation_choice=((loaded.relation_choice if loaded.relation_prior else RELATION_CHOICE)
+                                         if relations and judge else 0.0))
 
 
 def _image_ui(data: DataSource, loaded) -> tuple:

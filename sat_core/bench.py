@@ -489,7 +489,8 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
             started = time.perf_counter()
             cfg = DecodeConfig(beam_size=beam, max_len=max_len, length_norm=length_norm, precision=p,
                                one_mention_per_kind=rule, distinct_content=loaded.distinct_content,
-                               count_prior=loaded.count_prior, relation_prior=loaded.relation_prior)
+                               count_prior=loaded.count_prior, relation_prior=loaded.relation_prior,
+                               relation_choice=loaded.relation_choice)
             hyps = beam_search(model, batch, loaded.vocab, cfg)
             seconds[p] += time.perf_counter() - started
             for i, h in zip(ids, hyps):
@@ -501,7 +502,7 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
     return {"checkpoint": checkpoint, "split": split, "images": len(refs), "beam": beam,
             "length_norm": length_norm, "one_mention_per_kind": rule, "distinct_content": loaded.distinct_content,
             "count_prior": loaded.count_prior, "relation_prior": loaded.relation_prior,
-            "device": device.type,
+            "relation_choice": loaded.relation_choice, "device": device.type,
             "same_best_caption": same / max(len(refs), 1), "bleu4_fp32": bleu["fp32"], "bleu4_bf16": bleu["bf16"],
             "bleu4_delta": bleu["bf16"] - bleu["fp32"], "seconds_fp32": seconds["fp32"],
             "seconds_bf16": seconds["bf16"],
@@ -763,6 +764,7 @@ def _run_command(args: argparse.Namespace, devices: list[torch.device]) -> dict[
                                 devices[-1], args.limit, args.length_norm, args.one_mention_per_kind)
         prior = f", count prior {figures['count_prior']:g}" if figures["count_prior"] else ""
         prior += f", relation prior {figures['relation_prior']:g}" if figures.get("relation_prior") else ""
+        prior += f", relation choice {figures['relation_choice']:g}" if figures.get("relation_choice") else ""
         print(f"{figures['checkpoint']} {figures['split']} split, {figures['images']} images, beam "
               f"{figures['beam']}, length normalisation {figures['length_norm']}"
               f"{', one mention per kind' if figures['one_mention_per_kind'] else ''}"

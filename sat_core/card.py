@@ -134,6 +134,8 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
                      if metrics.get("count_prior") else "")
                   + (f"and by the relation judge (relation prior {metrics['relation_prior']:g}), "
                      if metrics.get("relation_prior") else "")
+                  + (f"its wording of the relations chosen by the judge (relation choice "
+                     f"{metrics['relation_choice']:g}), " if metrics.get("relation_choice") else "")
                   + f"{metrics.get('precision', 'fp32')})",
               "| metric | value |", "| --- | --- |"]
     lines += [f"| {k} | {_figure(v)} |" for k, v in metrics.get("corpus", {}).items()]

@@ -291,21 +291,27 @@ class LoadedCheckpoint:
         """Whether its metrics were measured with ``DecodeConfig.distinct_content``."""
         return (self.metrics or {}).get("distinct_content") is True
 
+    def _ranking_weight(self, key: str, part: str) -> float:
+        """A ranking weight its metrics were measured with (``key``), if its decoder has the ``part`` it ranks by;
+        else 0."""
+        value = (self.metrics or {}).get(key)
+        usable = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        return float(value) if usable and getattr(getattr(self.model, "decoder", None), part, None) is not None else 0.0
+
     @property
     def count_prior(self) -> float:
         """The ``DecodeConfig.count_prior`` its metrics were measured with (0: none, or no count head to rank by)."""
-        value = (self.metrics or {}).get("count_prior")
-        head = getattr(getattr(self.model, "decoder", None), "count_head", None)
-        usable = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-        return float(value) if usable and head is not None else 0.0
+        return self._ranking_weight("count_prior", "count_head")
 
     @property
     def relation_prior(self) -> float:
         """The ``DecodeConfig.relation_prior`` its metrics were measured with (0: none, or no judge to rank by)."""
-        value = (self.metrics or {}).get("relation_prior")
-        judge = getattr(getattr(self.model, "decoder", None), "relation_judge", None)
-        usable = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-        return float(value) if usable and judge is not None else 0.0
+        return self._ranking_weight("relation_prior", "relation_judge")
+
+    @property
+    def relation_choice(self) -> float:
+        """The ``DecodeConfig.relation_choice`` its metrics were measured with (0: none, or no judge to rank by)."""
+        return self._ranking_weight("relation_choice", "relation_judge")
 
     @property
     def beam_size(self) -> int:
@@ -330,7 +336,8 @@ class LoadedCheckpoint:
         ranking (what the CLI and the explorer start from)."""
         return DecodeConfig(beam_size=self.beam_size, length_norm=self.length_norm,
                             one_mention_per_kind=self.one_mention_per_kind, distinct_content=self.distinct_content,
-                            count_prior=self.count_prior, relation_prior=self.relation_prior)
+                            count_prior=self.count_prior, relation_prior=self.relation_prior,
+                            relation_choice=self.relation_choice)
 
 
 def load_checkpoint(

@@ -274,6 +274,10 @@ class DecodeConfig(Config):
     relation_prior: float = option(0.0, "scenes models with a relation judge (python -m sat_core.relation_judge): "
                                    "rank the finished captions by score (+ the count prior) + this × log p(the "
                                    "relations they state) under the judge; 0: off", low=0.0)
+    relation_choice: float = option(0.0, "scenes models with a relation judge: of the finished captions that name the "
+                                    "same objects (counts, colours, categories), the one with the best score (+ the "
+                                    "count prior) + this × log p(the relations it states) under the judge comes "
+                                    "first; which objects, --relation-prior's ranking decides; 0: off", low=0.0)
     hard_mode: str = option("expect", "hard attention at test time: expectation α or a sampled location",
                             choices=("expect", "sample"))
     seed: int = option(0, "seed of hard_mode=sample", low=0)

@@ -7,6 +7,7 @@ from ``beam_search`` or from ``DecodeSession``/``score_caption``, which share th
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -46,6 +47,9 @@ class Hypothesis:
     finished: bool
     grid: tuple[int, int]
     prior: float = 0.0  # DecodeConfig.count_prior × log p(the counts it states) under the count head; 0: none
+    # DecodeConfig.relation_choice: the count prior + relation_choice × log p_judge(the relations it states), which
+    # ranked it among the captions that name the same objects; None: not ranked that way
+    choice: float | None = None
 
     @property
     def caption(self) -> str:
@@ -329,8 +333,9 @@ def beam_search(
             _settle_ties_in_fp32(model, vocab, feats, results, cfg, intervention)
         if content:  # each statement's best wording (as fp32 ranks near-tied ones), K statements
             results = [_per_key(hyps, content, K) for hyps in results]
-        if cfg.count_prior or cfg.relation_prior:
-            rank_by_stated_counts(model, feats, results, cfg.count_prior, relations=cfg.relation_prior)
+        if cfg.count_prior or cfg.relation_prior or cfg.relation_choice:
+            rank_by_stated_counts(model, feats, results, cfg.count_prior, relations=cfg.relation_prior,
+                                  choice=cfg.relation_choice)
     finally:
         if was_training:
             model.train()
@@ -342,9 +347,10 @@ def check_decoding(model: Captioner, cfg: DecodeConfig) -> None:
     if cfg.count_prior and model.decoder.count_head is None:
         raise SatError("--count-prior needs a model with a count head (one trained with --count-lambda on the "
                        "scenes world); this one has none: drop --count-prior.")
-    if cfg.relation_prior and getattr(model.decoder, "relation_judge", None) is None:
-        raise SatError("--relation-prior needs a model with a relation judge (python -m sat_core.relation_judge "
-                       "fits one on a scenes model); this one has none: drop --relation-prior.")
+    for flag, value in (("--relation-prior", cfg.relation_prior), ("--relation-choice", cfg.relation_choice)):
+        if value and getattr(model.decoder, "relation_judge", None) is None:
+            raise SatError(f"{flag} needs a model with a relation judge (python -m sat_core.relation_judge fits one "
+                           f"on a scenes model); this one has none: drop {flag}.")
 
 
 def _rank(hyp: Hypothesis) -> tuple[bool, float]:
@@ -353,7 +359,7 @@ def _rank(hyp: Hypothesis) -> tuple[bool, float]:
 
 @torch.no_grad()
 def rank_by_stated_counts(model: Captioner, feats: torch.Tensor, results: list[list[Hypothesis]], weight: float,
-                          relations: float = 0.0) -> None:
+                          relations: float = 0.0, choice: float = 0.0) -> None:
     """``DecodeConfig.count_prior``: rank each image's finished hypotheses (in place) by score + weight · log
     p_head(the counts the caption states), the count head reading the image's annotations (B, L, D).
 
@@ -363,17 +369,51 @@ def rank_by_stated_counts(model: Captioner, feats: torch.Tensor, results: list[l
     the caption names with a number and a colour in every mention ("two red cars and a yellow car").
 
     ``relations`` (``DecodeConfig.relation_prior``): plus relations · log p_judge(the relations the caption
-    states), the relation judge reading the same annotations (``_stated_relation_log_prior``)."""
+    states), the relation judge reading the same annotations (``_stated_relation_log_prior``).
+
+    ``choice`` (``DecodeConfig.relation_choice``): the captions that name the same objects (``named_objects``)
+    are one statement of what is in the scene; statements rank by their best caption as above, and the
+    captions within one by score + the count prior + choice · log p_judge (``Hypothesis.choice``). Which
+    objects the caption names stays the ranking's above; how it relates them is the judge's, by its own weight.
+    """
     logp = _head_log_counts(model, feats) if weight else None  # (B, C, 5)
-    where = _judge_centres(model, feats) if relations else None  # (B, C) x, y, feet
+    where = _judge_centres(model, feats) if relations or choice else None  # (B, C) x, y, feet
     for b, hyps in enumerate(results):
         for i, hyp in enumerate(hyps):
             if hyp.finished:
-                prior = weight * _stated_log_prior(logp[b], hyp.words) if weight else 0.0
-                if relations:
-                    prior += relations * _stated_relation_log_prior([w[b] for w in where], hyp.words)
-                hyps[i] = dataclasses.replace(hyp, prior=prior)
-        hyps.sort(key=_rank)
+                counts = weight * _stated_log_prior(logp[b], hyp.words) if weight else 0.0
+                judged = _stated_relation_log_prior([w[b] for w in where], hyp.words) if where is not None else 0.0
+                hyps[i] = dataclasses.replace(hyp, prior=counts + relations * judged,
+                                              choice=counts + choice * judged if choice else None)
+        if choice:
+            hyps.sort(key=_by_statement(hyps))
+        else:
+            hyps.sort(key=_rank)
+
+
+def named_objects(words: Sequence[str]) -> tuple[str, ...]:
+    """What a caption names, whatever it says of where: its mentions' counts, colours and categories, in no order
+    ("a cat left of a dog" and "a dog behind a cat" name the same objects)."""
+    from sat_core.scenes_grounding import parse
+
+    return tuple(sorted(f"{m.count} {m.colour} {m.category}" for m in parse(words).mentions))
+
+
+def _by_statement(hyps: list[Hypothesis]):
+    """The sort key of ``rank_by_stated_counts(choice=…)``: finished hypotheses by their statement's best score +
+    prior, then within the statement by score + choice; unfinished ones after, by score."""
+    best: dict[tuple[str, ...], float] = {}
+    for hyp in hyps:
+        if hyp.finished:
+            named = named_objects(hyp.words)
+            best[named] = max(best.get(named, -math.inf), hyp.score + hyp.prior)
+
+    def key(hyp: Hypothesis) -> tuple:
+        if not hyp.finished:
+            return (True, 0.0, (), -hyp.score)
+        named = named_objects(hyp.words)
+        return (False, -best[named], named, -(hyp.score + hyp.choice))
+    return key
 
 
 # The relations a caption can state, as a signed distance in cells that is positive when it holds: "a left of b"

@@ -6,7 +6,8 @@ from "a cat left of a dog". A relation judge (``ModelConfig.relation_judge``, ``
 over the cells gives each
 category's map and its centre. It is fitted after training on the training scenes with the rest of the model
 frozen, to the share of each cell the category's objects cover, and decoding reads it only to rank finished
-captions (``--relation-prior``). The ship fits it when a preset names ``relation_judge``; for a checkpoint of
+captions (``--relation-prior``) and to choose among the captions naming the same objects the one whose relations
+it believes (``--relation-choice``). The ship fits it when a preset names ``relation_judge``; for a checkpoint of
 your own:
 
     python -m sat_core.relation_judge --checkpoint runs/mine/last --data data/scenes/dataset.json \\
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     fit_config = FitConfig(width=args.width, feet=args.feet, train_images=args.train_images, epochs=args.epochs)
     return run_fitting(p, args, lambda loaded, data: add_relation_judge(loaded, data, fit_config),
                        lambda defaults: (f" --count-prior {defaults.count_prior:g}" if defaults.count_prior else "")
-                       + " --relation-prior 1")
+                       + " --relation-prior 1 --relation-choice 4")
 
 
 if __name__ == "__main__":

@@ -320,3 +320,18 @@ def test_bf16_agreement_counts_the_images_whose_best_captions_differ(checkpoint,
     assert 0.0 <= figures["same_best_caption"] <= 1.0
     assert len(figures["differing"]) == round((1 - figures["same_best_caption"]) * N_TEST)
     assert figures["bleu4_delta"] == pytest.approx(figures["bleu4_bf16"] - figures["bleu4_fp32"])
+
+
+def test_a_search_error_is_a_reference_above_the_statement_the_search_ranked_first(world_data):
+    """With --relation-choice the caption can be a wording the judge chose below its statement's best: a reference
+    is a search error only when it outscores that best (``Decoded.value``), not the chosen wording."""
+    from dataclasses import replace
+
+    from sat_core.decoding import ReferenceScore
+    data = load_karpathy(world_data[1], world_data[0])
+    dec = _oracle(data, build_vocab(data, min_count=1), _coverage)[0]
+    dec = replace(dec, reference=ReferenceScore("another caption", dec.hypothesis.score + 0.5, 5),
+                  references_scored=True)
+    assert image_record(dec, {"CIDEr": 0.0, "BLEU-4": 0.0}, WordStats())[0]["search_error"] is True
+    ranked = replace(dec, value=dec.hypothesis.score + 1.0)  # the statement's best wording scored 1 nat higher
+    assert image_record(ranked, {"CIDEr": 0.0, "BLEU-4": 0.0}, WordStats())[0]["search_error"] is False

@@ -11,7 +11,7 @@ import torch
 from sat_core import checkpoint as ckpt
 from sat_core import relation_judge, world
 from sat_core.config import DecodeConfig, PreprocessConfig
-from sat_core.decoding import _stated_relation_log_prior, beam_search, rank_by_stated_counts
+from sat_core.decoding import _stated_relation_log_prior, beam_search, named_objects, rank_by_stated_counts
 from sat_core.errors import SatError
 from sat_core.io import read_tensors
 from sat_core.models.captioner import Captioner
@@ -89,6 +89,19 @@ def _checkpoint(path, metrics=None):
 
 def test_ranking_by_the_judge_reorders_finished_captions():
     from tests.test_decoding import _finished
+    model, feats = _dog_cat_judge()
+    wrong, right = _finished("a cat to the left of a dog".split(), -0.5), _finished("a dog to the left of a cat".split(), -0.6)
+    results = [[wrong, right]]
+    rank_by_stated_counts(model, feats, results, 0.0, relations=1.0)
+    assert results[0][0].words == right.words and results[0][1].prior < -5  # 3 cells the wrong way: log σ(−6)
+    with pytest.raises(SatError, match="--relation-prior needs a model with a relation judge"):
+        beam_search(Captioner(tiny_config(12)).eval(), torch.rand(1, 3, 32, 32), Vocab([*SPECIALS, *"abcdefgh"]),
+                    DecodeConfig(relation_prior=1.0))
+
+
+def _dog_cat_judge():
+    """A model whose judge sees the dog in the first cell (top left) and the cat in the last (bottom right), and
+    its annotations (1, 16, D)."""
     config = tiny_config(12, init_cells=8, count_head=len(COUNTED), relation_judge=4)
     model = Captioner(config).eval()
     layer, head = model.decoder.relation_judge.where[0], model.decoder.relation_judge.where[2]
@@ -99,13 +112,36 @@ def test_ranking_by_the_judge_reorders_finished_captions():
         head.weight[DOG, 0], head.weight[CAT, 1] = 1.0, 1.0
     feats = torch.zeros(1, 16, config.annotation_dim)
     feats[0, 0, 0], feats[0, 15, 1] = 10.0, 10.0
-    wrong, right = _finished("a cat to the left of a dog".split(), -0.5), _finished("a dog to the left of a cat".split(), -0.6)
-    results = [[wrong, right]]
-    rank_by_stated_counts(model, feats, results, 0.0, relations=1.0)
-    assert results[0][0].words == right.words and results[0][1].prior < -5  # 3 cells the wrong way: log σ(−6)
-    with pytest.raises(SatError, match="--relation-prior needs a model with a relation judge"):
+    return model, feats
+
+
+def test_the_judge_chooses_how_to_relate_the_objects_the_ranking_chose():
+    from tests.test_decoding import _finished
+    model, feats = _dog_cat_judge()
+    # The best statement names a dog and a cat: first by score, in the wrong direction; a weak wording in the
+    # right one. A caption naming only the dog scores between them.
+    wrong = _finished("a cat to the left of a dog".split(), -0.50)
+    dog = _finished("a dog".split(), -0.60)
+    right = _finished("a dog to the left of a cat".split(), -5.0)
+    results = [[dog, right, wrong]]
+    rank_by_stated_counts(model, feats, results, 0.0, relations=0.01, choice=4.0)
+    assert [h.words for h in results[0]] == [right.words, wrong.words, dog.words]  # the dog and cat first, rightly
+    assert results[0][0].choice == pytest.approx(4 * results[0][0].prior / 0.01)  # the judge's log p, weighted
+    assert results[0][2].choice == 0.0  # nothing stated, nothing judged
+    results = [[dog, right, wrong]]
+    rank_by_stated_counts(model, feats, results, 0.0, relations=0.01)  # without the choice: score + prior
+    assert [h.words for h in results[0]] == [wrong.words, dog.words, right.words]
+    assert all(h.choice is None for h in results[0])
+    # Which objects stays the ranking's: with the judge's weight across statements high, the wrong direction
+    # loses to the caption naming only the dog, whatever the choice among wordings.
+    results = [[dog, wrong]]
+    rank_by_stated_counts(model, feats, results, 0.0, relations=1.0, choice=4.0)
+    assert [h.words for h in results[0]] == [dog.words, wrong.words]
+    assert named_objects("a cat to the left of a dog".split()) == named_objects("a dog behind a cat".split())
+    assert named_objects("two dogs".split()) != named_objects("a dog".split())
+    with pytest.raises(SatError, match="--relation-choice needs a model with a relation judge"):
         beam_search(Captioner(tiny_config(12)).eval(), torch.rand(1, 3, 32, 32), Vocab([*SPECIALS, *"abcdefgh"]),
-                    DecodeConfig(relation_prior=1.0))
+                    DecodeConfig(relation_choice=1.0))
 
 
 @pytest.fixture
@@ -122,7 +158,7 @@ def test_the_cli_writes_a_new_checkpoint_with_a_judge_and_says_how_to_evaluate_i
     args = ["--checkpoint", str(source), "--data", str(scenes / "dataset.json"), "--images", str(scenes), "--epochs", "2"]
     assert relation_judge.main([*args, "--width", "4", "--out", str(out)]) == 0
     said = capsys.readouterr().out
-    assert "--beam 10 --length-norm 0 --no-one-mention-per-kind --distinct-content --count-prior 1 --relation-prior 1" in said
+    assert "--beam 10 --length-norm 0 --no-one-mention-per-kind --distinct-content --count-prior 1 --relation-prior 1 --relation-choice 4" in said
     assert json.loads((out / ckpt.CONFIG_FILE).read_text())["model"]["relation_judge"] == 4
     weights = read_tensors(out / ckpt.WEIGHTS_FILE)[0]
     assert tuple(weights["decoder.relation_judge.where.0.weight"].shape) == (4, 16)

@@ -228,4 +228,5 @@ def test_a_supervised_preset_is_its_shipped_preset_plus_attention_lambda(kind):
         assert (supervised["data"].pop("train_images"), plain["data"].pop("train_images")) == (8000, 16000)
         assert plain["model"].pop("relation_judge") == 128 and "relation_judge" not in supervised["model"]
         assert plain["val"].pop("relation_prior") == 0.7 and "relation_prior" not in supervised["val"]
+        assert plain["val"].pop("relation_choice") == 4.0 and "relation_choice" not in supervised["val"]
     assert supervised == plain

@@ -104,10 +104,11 @@ def draw_summaries(data: dict) -> None:
 
 def _as_evaluated(loaded, cfg) -> bool:
     """Whether the sidebar decodes as the checkpoint's stored records were made: the settings it takes from the
-    checkpoint (beam, length normalisation, one mention per kind, distinct contents, the count head's ranking)
-    unchanged."""
+    checkpoint (beam, length normalisation, one mention per kind, distinct contents, the count head's and the
+    relation judge's ranking) unchanged."""
     made = loaded.decode_defaults()
-    followed = ("beam_size", "length_norm", "one_mention_per_kind", "distinct_content", "count_prior", "relation_prior")
+    followed = ("beam_size", "length_norm", "one_mention_per_kind", "distinct_content", "count_prior", "relation_prior",
+                "relation_choice")
     return all(getattr(cfg, name) == getattr(made, name) for name in followed)
 
 
