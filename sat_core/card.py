@@ -110,7 +110,8 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
             lines += [f"- Relation judge on the annotations, {model['relation_judge']} wide: where each category lies{feet} "
                       "(maps over the cells), fitted "
                       "after training (`sat_core.relation_judge`); decoding reads it only to rank finished captions "
-                      "by the relations they state (`--relation-prior`)."]
+                      "by the relations they state (`--relation-prior`) and to choose, among the captions naming the "
+                      "same objects, the wording of their relations (`--relation-choice`)."]
     if training.get("dataset"):
         lines += ["", "## Training", f"- Data: `{training['dataset']}`; epoch {training.get('epoch', '?')}, "
                                      f"step {training.get('step', '?')}."]

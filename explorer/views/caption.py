@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from sat_core import viz
-from sat_core.decoding import Hypothesis
+from sat_core.decoding import Hypothesis, named_objects
 from sat_core.errors import SatError
 from sat_core.regions import box_mask
 
@@ -75,10 +75,14 @@ def draw_beam_table(hyps: list[Hypothesis], count_prior: float = 0.0, relation_p
     name = "count prior" if not relation_prior else "relation prior" if not count_prior else "prior"
     ranked = (f"finished captions rank by score + {name}" if not relation_choice else
               f"the objects a caption names rank by their best caption's score + {name}")
-    wording = "prior among same objects"
+    wording = "choice prior"
+    statements: dict[tuple[str, ...], int] = {}  # the objects each caption names, numbered in rank order
+    for h in hyps:
+        statements.setdefault(named_objects(h.words), len(statements) + 1)
     rows = [{"rank": k + 1, "caption": h.caption, "log p": round(h.logprob, 3), "score": round(h.score, 3),
              **({name: round(h.prior, 3)} if parts else {}),
-             **({wording: None if h.choice is None else round(h.choice, 3)} if relation_choice else {}),
+             **({"statement": statements[named_objects(h.words)],
+                 wording: None if h.choice is None else round(h.choice, 3)} if relation_choice else {}),
              "words": len(h.words), "finished": h.finished} for k, h in enumerate(hyps)]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config={
         "rank": st.column_config.NumberColumn(width=40), "caption": st.column_config.TextColumn(width="medium"),
@@ -86,6 +90,9 @@ def draw_beam_table(hyps: list[Hypothesis], count_prior: float = 0.0, relation_p
         name: st.column_config.NumberColumn(
             width=70, help=" + ".join(parts) + f"; {ranked} ('Rank by the count head' and 'Rank by the relation "
                            "judge' in the sidebar)"),
+        "statement": st.column_config.NumberColumn(
+            width=75, help="captions with one number name the same objects (counts, colours, categories), whatever "
+                           "they say of where; the first caption of each ranks it"),
         wording: st.column_config.NumberColumn(
             width=90, help=(f"the count prior + {relation_choice:g} × log p(the relations it states) under the "
                             "relation judge: of the captions naming the same objects, the one with the best score + "

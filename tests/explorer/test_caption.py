@@ -282,3 +282,47 @@ def test_a_checkpoint_ranked_by_its_count_head_shows_the_prior_that_ranked_its_b
     assert all(p < 0 for p in table["count prior"])  # log-probabilities of the counts, weighted by 0.5
     box.uncheck().run()
     assert "count prior" not in at.dataframe[0].value.columns
+
+
+def test_the_beam_table_numbers_statements_and_shows_the_judges_choice(explorer_env, monkeypatch, tmp_path):
+    """A checkpoint evaluated with a relation judge choosing the wording (relation choice): the table gives each
+    caption its statement (the objects it names) and the prior that ranked it within it; the switch turns both off."""
+    import os
+
+    import torch
+
+    from sat_core.checkpoint import load_checkpoint, save_checkpoint
+    from sat_core.config import ModelConfig, PreprocessConfig
+    from sat_core.decoding import named_objects
+    from sat_core.models.captioner import Captioner
+    from sat_core.scenes_catalog import COUNTED
+
+    soft = explorer_env.checkpoint("soft")
+    torch.manual_seed(4)
+    config = ModelConfig(vocab_size=len(soft.vocab), small_channels=(8, 16, 16), feature_dim=16, embed_dim=16,
+                         hidden_dim=32, attn_dim=16, dropout=0.0, init_cells=8, count_head=len(COUNTED),
+                         relation_judge=4)
+    save_checkpoint(tmp_path / "tiny-judge", Captioner(config).eval(), model_config=config, vocab=soft.vocab,
+                    preprocess=PreprocessConfig(), metrics={"beam": 3, "relation_prior": 0.7, "relation_choice": 4.0})
+    monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
+    at = new_app({"ckpt": "tiny-judge"})
+    at.run()
+    assert not at.exception, at.exception
+    box = at.sidebar.checkbox(key="relations")
+    assert box.value is True and not box.disabled
+    scene = at.sidebar.selectbox(key="scene").value
+    loaded = load_checkpoint(tmp_path / "tiny-judge")
+    tensor, _ = preprocess(load_image(explorer_env.scene_path(scene)), loaded.preprocess)
+    hyps = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab,
+                       DecodeConfig(beam_size=3, relation_prior=0.7, relation_choice=4.0))[0]
+    table = at.dataframe[0].value
+    assert list(table["caption"]) == [h.caption for h in hyps]
+    finished = [h.finished for h in hyps]
+    assert [c for c, f in zip(table["choice prior"], finished) if f] == pytest.approx(
+        [round(h.choice, 3) for h in hyps if h.finished], abs=1e-3)
+    numbers = {}
+    for h in hyps:
+        numbers.setdefault(named_objects(h.words), len(numbers) + 1)
+    assert list(table["statement"]) == [numbers[named_objects(h.words)] for h in hyps]
+    box.uncheck().run()
+    assert "statement" not in at.dataframe[0].value.columns and "choice prior" not in at.dataframe[0].value.columns
