@@ -247,10 +247,9 @@ def test_the_card_says_what_taught_alpha(explorer_env, ckpt, taught):
     assert facts["gate β"] == ("off" if "hard" in ckpt else "on")  # hard attention has no gate, whatever its config
 
 
-def test_a_checkpoint_ranked_by_its_count_head_shows_the_prior_that_ranked_its_beam(explorer_env, tmp_path,
-                                                                                    monkeypatch):
-    """A checkpoint evaluated with --count-prior: the sidebar's 'Rank by the count head' starts on, the beam
-    table shows each caption's prior (as beam_search computes it), and switching it off drops the column."""
+def _ranked_app(explorer_env, tmp_path, monkeypatch, name, metrics, box_key, cfg, **model):
+    """A tiny scenes-sized checkpoint with a count head (and ``model``'s extras), evaluated with ``metrics``, open in
+    the app: (the app, its ranking box ``box_key``, which must start on, and the beam ``cfg`` gives its scene)."""
     import os
 
     import torch
@@ -263,19 +262,27 @@ def test_a_checkpoint_ranked_by_its_count_head_shows_the_prior_that_ranked_its_b
     soft = explorer_env.checkpoint("soft")
     torch.manual_seed(4)
     config = ModelConfig(vocab_size=len(soft.vocab), small_channels=(8, 16, 16), feature_dim=16, embed_dim=16,
-                         hidden_dim=32, attn_dim=16, dropout=0.0, init_cells=8, count_head=len(COUNTED))
-    save_checkpoint(tmp_path / "tiny-counts", Captioner(config).eval(), model_config=config, vocab=soft.vocab,
-                    preprocess=PreprocessConfig(), metrics={"beam": 3, "count_prior": 0.5})
+                         hidden_dim=32, attn_dim=16, dropout=0.0, init_cells=8, count_head=len(COUNTED), **model)
+    save_checkpoint(tmp_path / name, Captioner(config).eval(), model_config=config, vocab=soft.vocab,
+                    preprocess=PreprocessConfig(), metrics=metrics)
     monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
-    at = new_app({"ckpt": "tiny-counts"})
+    at = new_app({"ckpt": name})
     at.run()
     assert not at.exception, at.exception
-    box = at.sidebar.checkbox(key="counts")
+    box = at.sidebar.checkbox(key=box_key)
     assert box.value is True and not box.disabled
     scene = at.sidebar.selectbox(key="scene").value
-    loaded = load_checkpoint(tmp_path / "tiny-counts")
+    loaded = load_checkpoint(tmp_path / name)
     tensor, _ = preprocess(load_image(explorer_env.scene_path(scene)), loaded.preprocess)
-    hyps = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, DecodeConfig(beam_size=3, count_prior=0.5))[0]
+    return at, box, beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, cfg)[0]
+
+
+def test_a_checkpoint_ranked_by_its_count_head_shows_the_prior_that_ranked_its_beam(explorer_env, tmp_path,
+                                                                                    monkeypatch):
+    """A checkpoint evaluated with --count-prior: the sidebar's 'Rank by the count head' starts on, the beam
+    table shows each caption's prior (as beam_search computes it), and switching it off drops the column."""
+    at, box, hyps = _ranked_app(explorer_env, tmp_path, monkeypatch, "tiny-counts", {"beam": 3, "count_prior": 0.5},
+                                "counts", DecodeConfig(beam_size=3, count_prior=0.5))
     table = at.dataframe[0].value
     assert list(table["caption"]) == [h.caption for h in hyps]
     assert list(table["count prior"]) == pytest.approx([round(h.prior, 3) for h in hyps], abs=1e-3)
@@ -287,34 +294,11 @@ def test_a_checkpoint_ranked_by_its_count_head_shows_the_prior_that_ranked_its_b
 def test_the_beam_table_numbers_statements_and_shows_the_judges_choice(explorer_env, monkeypatch, tmp_path):
     """A checkpoint evaluated with a relation judge choosing the wording (relation choice): the table gives each
     caption its statement (the objects it names) and the prior that ranked it within it; the switch turns both off."""
-    import os
-
-    import torch
-
-    from sat_core.checkpoint import load_checkpoint, save_checkpoint
-    from sat_core.config import ModelConfig, PreprocessConfig
     from sat_core.decoding import named_objects
-    from sat_core.models.captioner import Captioner
-    from sat_core.scenes_catalog import COUNTED
 
-    soft = explorer_env.checkpoint("soft")
-    torch.manual_seed(4)
-    config = ModelConfig(vocab_size=len(soft.vocab), small_channels=(8, 16, 16), feature_dim=16, embed_dim=16,
-                         hidden_dim=32, attn_dim=16, dropout=0.0, init_cells=8, count_head=len(COUNTED),
-                         relation_judge=4)
-    save_checkpoint(tmp_path / "tiny-judge", Captioner(config).eval(), model_config=config, vocab=soft.vocab,
-                    preprocess=PreprocessConfig(), metrics={"beam": 3, "relation_prior": 0.7, "relation_choice": 4.0})
-    monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
-    at = new_app({"ckpt": "tiny-judge"})
-    at.run()
-    assert not at.exception, at.exception
-    box = at.sidebar.checkbox(key="relations")
-    assert box.value is True and not box.disabled
-    scene = at.sidebar.selectbox(key="scene").value
-    loaded = load_checkpoint(tmp_path / "tiny-judge")
-    tensor, _ = preprocess(load_image(explorer_env.scene_path(scene)), loaded.preprocess)
-    hyps = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab,
-                       DecodeConfig(beam_size=3, relation_prior=0.7, relation_choice=4.0))[0]
+    at, box, hyps = _ranked_app(explorer_env, tmp_path, monkeypatch, "tiny-judge",
+                                {"beam": 3, "relation_prior": 0.7, "relation_choice": 4.0}, "relations",
+                                DecodeConfig(beam_size=3, relation_prior=0.7, relation_choice=4.0), relation_judge=4)
     table = at.dataframe[0].value
     assert list(table["caption"]) == [h.caption for h in hyps]
     finished = [h.finished for h in hyps]
