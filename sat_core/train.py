@@ -29,7 +29,7 @@ from sat_core.card import annotation_statistics, domain_images, training_statist
 from sat_core.train_checks import check_config, check_resume
 from sat_core.flatstate import flatten_state, unflatten_state
 from sat_core.io import read_tensors, write_json_atomic
-from sat_core.config import ModelConfig, PreprocessConfig, TrainConfig
+from sat_core.config import DecodeConfig, ModelConfig, PreprocessConfig, TrainConfig
 from sat_core.data import CaptionDataset, EvalImages, ImageStore, build_vocab, load_karpathy, make_loader, normalise
 from sat_core.decoding import beam_search, pick_device
 from sat_core.errors import SatError
@@ -456,6 +456,13 @@ class Trainer:
 
     # -- validation: free-running decoding, BLEU-4
 
+    def _validation_decoding(self) -> DecodeConfig:
+        """The validation decoding ``cfg.val`` names, less the relation judge's ranking while the model has no judge:
+        the judge is fitted after training (``sat_core.relation_judge``), so the epochs are compared without it."""
+        if self.model.decoder.relation_judge is not None:
+            return self.cfg.val
+        return dataclasses.replace(self.cfg.val, relation_prior=0.0, relation_choice=0.0)
+
     def validate(self) -> dict[str, float]:
         from sat_core.metrics import caption_metrics
 
@@ -467,7 +474,7 @@ class Trainer:
                 inputs = Annotations(feats, self.grid)
             else:
                 inputs = normalise(images, self.preprocess)
-            results = beam_search(self.model, inputs, self.vocab, self.cfg.val)
+            results = beam_search(self.model, inputs, self.vocab, self._validation_decoding())
             for i, hyp in zip(ids, results):
                 hyps[i] = hyp[0].caption
                 refs[i] = [" ".join(s) for s in self.val_images.references(i)]

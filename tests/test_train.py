@@ -498,6 +498,23 @@ def test_count_lambda_trains_a_head_that_learns_the_scenes_counts(tmp_path, caps
     assert "--count-lambda needs the scenes world's objects" in capsys.readouterr().err
 
 
+def test_a_preset_that_ranks_by_a_relation_judge_validates_without_it_until_it_is_fitted(tmp_path, capsys):
+    """The judge is fitted after training (sat_core.relation_judge), so the epochs are compared without its ranking;
+    a validation decoding naming --relation-prior / --relation-choice (as the scenes presets do) must not stop the
+    run, and the checkpoints it writes hold no judge."""
+    from sat_core import world
+    data = world.generate(tmp_path / "scenes", 8, 2, 0, seed=5, workers=1, kind="scenes")
+    run = tmp_path / "run"
+    flags = ["--init-cells", "8", "--count-lambda", "0.2", "--relation-judge", "4", "--val-relation-prior", "0.7",
+             "--val-relation-choice", "4", "--val-count-prior", "1", "--epochs", "1", "--patience", "0",
+             "--allow-random-encoder"]
+    assert train.main(train_args(data, tmp_path / "scenes", run, *flags)) == 0
+    assert "--relation-judge 4 is fitted after training" in capsys.readouterr().err
+    epochs = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if "val" in r]
+    assert len(epochs) == 1 and "BLEU-4" in epochs[0]["val"]
+    assert json.loads((run / "last" / "config.json").read_text())["model"]["relation_judge"] == 0
+
+
 def test_attention_targets_put_each_linked_word_on_its_objects_cells(tmp_path):
     """q_t of a linked word lies on the cells its objects cover (share by cover, summing to 1); words
     without links are not supervised."""
