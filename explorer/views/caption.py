@@ -79,7 +79,7 @@ def draw_beam_table(hyps: list[Hypothesis], count_prior: float = 0.0, relation_p
     statements: dict[tuple[str, ...], int] = {}  # the objects each caption names, numbered in rank order
     for h in hyps:
         statements.setdefault(named_objects(h.words), len(statements) + 1)
-    rows = [{"rank": k + 1, "caption": h.caption, "log p": round(h.logprob, 3), "score": round(h.score, 3),
+    rows = [{"rank": k + 1, "caption": h.caption or "(empty)", "log p": round(h.logprob, 3), "score": round(h.score, 3),
              **({name: round(h.prior, 3)} if parts else {}),
              **({"statement": statements[named_objects(h.words)],
                  wording: None if h.choice is None else round(h.choice, 3)} if relation_choice else {}),

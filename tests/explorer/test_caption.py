@@ -38,7 +38,7 @@ def test_caption_page_shows_the_models_caption_and_beam(app, explorer_env):
     metrics = {m.label: m.value for m in app.metric}
     assert metrics["log p(caption)"] == f"{hyps[0].logprob:.2f}"
     beam_table = app.dataframe[0].value
-    assert list(beam_table["caption"]) == [h.caption for h in hyps]
+    assert list(beam_table["caption"]) == [h.caption or "(empty)" for h in hyps]
     assert len(beam_table) == 3
     labels = [b.proto.label for b in app.get("download_button")]
     assert labels == ["Download figure for slides (PNG, ≥ 1600 px)", "Download animation (GIF)",
@@ -64,7 +64,7 @@ def test_length_normalisation_follows_the_sidebar_and_the_link(app, explorer_env
     hyps = expected_beams(explorer_env, "soft", explorer_env.scene_path(scene), beam=5, length_norm=1.0)
     assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
     assert caption_shown(app) == (hyps[0].caption or "(empty)")
-    assert list(app.dataframe[0].value["caption"]) == [h.caption for h in hyps]
+    assert list(app.dataframe[0].value["caption"]) == [h.caption or "(empty)" for h in hyps]
     assert app.query_params["lnorm"] == "1.0"
     reopened = new_app({"scene": str(scene), "beam": "5", "lnorm": "1.0"})
     reopened.run()
@@ -284,7 +284,7 @@ def test_a_checkpoint_ranked_by_its_count_head_shows_the_prior_that_ranked_its_b
     at, box, hyps = _ranked_app(explorer_env, tmp_path, monkeypatch, "tiny-counts", {"beam": 3, "count_prior": 0.5},
                                 "counts", DecodeConfig(beam_size=3, count_prior=0.5))
     table = at.dataframe[0].value
-    assert list(table["caption"]) == [h.caption for h in hyps]
+    assert list(table["caption"]) == [h.caption or "(empty)" for h in hyps]
     assert list(table["count prior"]) == pytest.approx([round(h.prior, 3) for h in hyps], abs=1e-3)
     assert all(p < 0 for p in table["count prior"])  # log-probabilities of the counts, weighted by 0.5
     box.uncheck().run()
@@ -300,7 +300,7 @@ def test_the_beam_table_numbers_statements_and_shows_the_judges_choice(explorer_
                                 {"beam": 3, "relation_prior": 0.7, "relation_choice": 4.0}, "relations",
                                 DecodeConfig(beam_size=3, relation_prior=0.7, relation_choice=4.0), relation_judge=4)
     table = at.dataframe[0].value
-    assert list(table["caption"]) == [h.caption for h in hyps]
+    assert list(table["caption"]) == [h.caption or "(empty)" for h in hyps]
     finished = [h.finished for h in hyps]
     assert [c for c, f in zip(table["choice prior"], finished) if f] == pytest.approx(
         [round(h.choice, 3) for h in hyps if h.finished], abs=1e-3)
