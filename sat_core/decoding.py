@@ -46,7 +46,9 @@ class Hypothesis:
     locations: np.ndarray  # (T,) sampled region per step (hard sampling), −1 otherwise
     finished: bool
     grid: tuple[int, int]
-    prior: float = 0.0  # DecodeConfig.count_prior × log p(the counts it states) under the count head; 0: none
+    # DecodeConfig.count_prior × log p(the counts it states) under the count head, + relation_prior × log p(the
+    # relations it states) under the relation judge; 0: none
+    prior: float = 0.0
     # DecodeConfig.relation_choice: the count prior + relation_choice × log p_judge(the relations it states), which
     # ranked it among the captions that name the same objects; None: not ranked that way
     choice: float | None = None
