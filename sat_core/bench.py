@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import ctypes
 import json
 import sys
@@ -487,10 +488,9 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
         batch = normalise(batch.to(device), loaded.preprocess)
         for p in captions:
             started = time.perf_counter()
-            cfg = DecodeConfig(beam_size=beam, max_len=max_len, length_norm=length_norm, precision=p,
-                               one_mention_per_kind=rule, distinct_content=loaded.distinct_content,
-                               count_prior=loaded.count_prior, relation_prior=loaded.relation_prior,
-                               relation_choice=loaded.relation_choice)
+            # the checkpoint's own decoding (distinct contents, count head, relation judge), with this run's beam
+            cfg = dataclasses.replace(loaded.decode_defaults(), beam_size=beam, max_len=max_len,
+                                      length_norm=length_norm, precision=p, one_mention_per_kind=rule)
             hyps = beam_search(model, batch, loaded.vocab, cfg)
             seconds[p] += time.perf_counter() - started
             for i, h in zip(ids, hyps):
