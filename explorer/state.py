@@ -31,6 +31,7 @@ URL_WIDGETS: dict[str, Callable[[str], Any]] = {
     "seed": int, "method": str,
     "sigma": float, "norm": str, "opacity": float,
     "cmap": str, "coverage": lambda v: _BOOL[v.lower()], "masks": lambda v: _BOOL[v.lower()],
+    "follow": lambda v: _BOOL[v.lower()],
     "cmp_source": str, "cmp_ref": int, "cmp_text": str, "cmp_step": int, "cmp_seed": int, "cmp_n": int,
     "score_ref": str, "score_text": str,
     "ew_how": str, "ew_mode": str, "ew_object": int, "ew_cells": str,
@@ -46,7 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "source": "Gallery scene", **{key: getattr(_DECODE, name) for key, name in DECODE_WIDGETS.items()},
     "counts": bool(_DECODE.count_prior), "relations": bool(_DECODE.relation_prior),
     "method": "nearest", "sigma": 0.0, "norm": "word", "opacity": 0.6, "cmap": "viridis",
-    "coverage": False, "masks": False,
+    "coverage": False, "masks": False, "follow": True,
     "cmp_source": "soft", "cmp_step": 1, "cmp_seed": 0, "cmp_n": 5, "ew_mode": "exclude",
 }
 STEP, FORCED = "step", "forced"  # plain state of the step-through view

@@ -2,7 +2,9 @@
 
 One ``DecodeSession`` per (checkpoint, image, settings) lives in session state; the step count and
 the forced words (also in the URL) say where it should be, and ``DecodeSession.sync`` gets it there with
-as few decoder steps as possible (one per click on Next).
+as few decoder steps as possible (one per click on Next). With *follow* on (the default) and a beam wider
+than 1, each next word is that of the Caption page's caption — the beam's best, the caption error analysis
+scored — until a forced word leaves it; otherwise it is the most probable word (greedy decoding).
 """
 
 from __future__ import annotations
@@ -13,11 +15,23 @@ import streamlit as st
 from sat_core.decoding import DecodeSession
 from sat_core.errors import SatError
 
+from explorer.guards import beams
 from explorer.state import FORCED, STEP, Context
 
 TOP_K = 5
 PLAYING, NOTICE = "_playing", "_step_notice"
 PLAY_TO_END = 99  # a step past any length cap: "the whole caption" (links from error analysis)
+FOLLOW = "follow"  # widget key (and URL parameter): replay the Caption page's caption
+
+
+def following(ctx: Context) -> bool:
+    """Whether the step-through replays the beam's caption (a beam wider than 1 and *follow* on)."""
+    return ctx.decode.beam_size > 1 and bool(st.session_state.get(FOLLOW, True))
+
+
+def followed_tokens(ctx: Context) -> list[int]:
+    """The Caption page's caption as token ids (with <end> when it finished); none when not following."""
+    return list(beams(ctx)[0].tokens) if following(ctx) else []
 
 
 def _key(ctx: Context) -> tuple:
@@ -43,12 +57,13 @@ def current_session(ctx: Context) -> tuple[DecodeSession, str | None]:
     error = None
     n = max(1, int(st.session_state.get(STEP) or 1))
     forced = dict(st.session_state.get(FORCED) or {})
+    follow = followed_tokens(ctx)
     try:
-        session.sync(n, forced)
+        session.sync(n, forced, follow)
     except SatError as err:
         error = f"{err} The forced words were dropped."
         st.session_state[FORCED] = {}
-        session.sync(n, {})
+        session.sync(n, {}, follow)
     if len(session.steps) < n and n != PLAY_TO_END:
         notice(f"The caption ends after {len(session.steps)} words, so step {n} does not exist: showing step "
                f"{len(session.steps)}.")

@@ -783,9 +783,17 @@ class StepView:
     alpha: np.ndarray  # (gh, gw)
     beta: float
     location: int  # hard: sampled region (sample mode) or argmax α (expect mode); −1 for soft
-    forced: bool
+    forced: bool  # a word the user chose instead of the model's
     # Words one mention per kind kept out of ``top_words`` (they would have ranked among them), with p.
     blocked: list[tuple[str, float]] = field(default_factory=list)
+    # The next word of a caption the session replays (``DecodeSession.sync``'s ``follow``: the beam's best),
+    # which need not be the most probable word of this step
+    followed: bool = False
+
+    @property
+    def rank(self) -> int | None:
+        """1 + how many shown words are more probable than this step's word; None: not among those shown."""
+        return self.top_words.index(self.word) + 1 if self.word in self.top_words else None
 
 
 class DecodeSession:
@@ -830,8 +838,9 @@ class DecodeSession:
         return float(sum(s.logprob for s in self.steps))
 
     @torch.no_grad()
-    def step(self, force: str | int | None = None) -> StepView:
-        """Advance one word: the most probable one, or ``force`` (a word or an id)."""
+    def step(self, force: str | int | None = None, *, followed: bool = False) -> StepView:
+        """Advance one word: the most probable one, or ``force`` (a word or an id); ``followed``: ``force`` is the
+        next word of a replayed caption (``sync``'s ``follow``), not one the user chose."""
         if self.done:
             raise SatError("The caption is complete; go back a step or force a different word.")
         t = len(self.steps)
@@ -873,8 +882,9 @@ class DecodeSession:
             alpha=alpha.cpu().numpy().reshape(self.grid),
             beta=float(out.beta[0]),
             location=location,
-            forced=force is not None,
+            forced=force is not None and not followed,
             blocked=sorted(blocked, key=lambda item: -item[1]),
+            followed=force is not None and followed,
         )
         self._states.append((out.h, out.c, torch.tensor([token], device=self.device)))
         self.steps.append(view)
@@ -890,21 +900,35 @@ class DecodeSession:
     def betas(self) -> np.ndarray:
         return np.array([s.beta for s in self.steps])  # (T,)
 
-    def sync(self, n_steps: int, forced: Mapping[int, str]) -> None:
-        """Bring the session to ``n_steps`` steps where step t is ``forced[t]`` if given, else greedy.
+    def sync(self, n_steps: int, forced: Mapping[int, str], follow: Sequence[int | str] = ()) -> None:
+        """Bring the session to ``n_steps`` steps. Step t is ``forced[t]`` if given; else ``follow[t]`` while every
+        step before it agrees with ``follow`` (a caption to replay, such as the beam's best: its tokens, ending
+        with <end> when it finished); else the most probable word.
 
         Keeps the longest prefix that already agrees, so one more step costs one decoder step.
         """
+        follow = [self._token(w) for w in follow]
         keep = 0
         while keep < min(n_steps, len(self.steps)):
-            step, want = self.steps[keep], forced.get(keep)
-            if (want is None and step.forced) or (want is not None and (not step.forced or step.word != want)):
+            step = self.steps[keep]
+            want, followed = self._wanted(keep, forced, follow)
+            if (step.forced, step.followed) != (want is not None and not followed, followed) or (
+                    want is not None and step.token != self._token(want)):
                 break
             keep += 1
         while len(self.steps) > keep:
             self.back()
         while len(self.steps) < n_steps and not self.done:
-            self.step(force=forced.get(len(self.steps)))
+            want, followed = self._wanted(len(self.steps), forced, follow)
+            self.step(force=want, followed=followed)
+
+    def _wanted(self, t: int, forced: Mapping[int, str], follow: Sequence[int]) -> tuple[str | int | None, bool]:
+        """Step t's word for ``sync`` (None: the most probable) and whether it is ``follow``'s."""
+        if t in forced:
+            return forced[t], False
+        if t < len(follow) and all(s.token == w for s, w in zip(self.steps[:t], follow)):
+            return follow[t], True
+        return None, False
 
     def back(self) -> None:
         """Undo the last step (no-op at the start)."""

@@ -375,6 +375,46 @@ def test_session_sync_replays_forced_words_with_few_steps(explorer_env):
     assert [s.token for s in session.steps] == [s.token for s in greedy.steps]
 
 
+def _test_scene(env):
+    loaded = env.checkpoint("soft")
+    entry = next(e for e in env.dataset["images"] if e["split"] == "test")
+    tensor, _ = preprocess(load_image(env.world / entry["filepath"] / entry["filename"]), loaded.preprocess)
+    return loaded, tensor
+
+
+def test_session_following_the_beam_replays_its_caption_until_a_forced_word_leaves_it(explorer_env):
+    loaded, tensor = _test_scene(explorer_env)
+    cfg = DecodeConfig(beam_size=4, max_len=10, precision="fp32")
+    best = beam_search(loaded.model, tensor[None], loaded.vocab, cfg)[0][0]
+    session = DecodeSession(loaded.model, loaded.vocab, tensor, dataclasses.replace(cfg, beam_size=1))
+    session.sync(3, {}, follow=best.tokens)
+    assert [s.token for s in session.steps] == best.tokens[:3]
+    assert all(s.followed and not s.forced for s in session.steps)
+    kept = session.steps[1]
+    session.sync(99, {}, follow=best.tokens)  # on to the end: the steps taken are kept
+    assert session.steps[1] is kept and session.done
+    assert [s.token for s in session.steps] == best.tokens
+    assert session.logprob == pytest.approx(best.logprob, abs=1e-4)
+    np.testing.assert_allclose(session.alphas, best.alphas, atol=1e-5)
+    for s in session.steps:  # a followed word's rank among the shown words, as its distribution says
+        assert s.rank is None or s.top_words[s.rank - 1] == s.word
+    # Forcing another word at step 1 leaves the beam's caption: what follows is the most probable word.
+    other = next(w for w in session.steps[1].top_words if w not in (session.steps[1].word, "<end>"))
+    session.sync(99, {1: other}, follow=best.tokens)
+    assert session.steps[0].followed and session.steps[0].token == best.tokens[0]
+    assert session.steps[1].forced and session.steps[1].word == other
+    assert not any(s.followed or s.forced for s in session.steps[2:])
+    direct = DecodeSession(loaded.model, loaded.vocab, tensor, dataclasses.replace(cfg, beam_size=1))
+    direct.step(force=best.tokens[0])
+    direct.step(force=other)
+    direct.run()
+    assert [s.token for s in session.steps] == [s.token for s in direct.steps]
+    # No caption to follow: greedy, as before.
+    session.sync(99, {}, follow=())
+    greedy = beam_search(loaded.model, tensor[None], loaded.vocab, dataclasses.replace(cfg, beam_size=1))[0][0]
+    assert [s.token for s in session.steps] == greedy.tokens and not any(s.followed for s in session.steps)
+
+
 def test_best_reference_scores_each_reference_as_score_caption_does(tiny_model, vocab):
     from sat_core.decoding import best_reference
 

@@ -78,8 +78,9 @@ def filter_ui(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def open_in_step(record: dict) -> None:
-    """Show this record's image in Step through, stopped at its first wrong word (else the whole caption)."""
-    set_pending(source="Gallery scene", scene=int(record["image_id"]), masks=True)
+    """Show this record's image in Step through, replaying its caption (the beam's), stopped at its first wrong word
+    (else the whole caption)."""
+    set_pending(source="Gallery scene", scene=int(record["image_id"]), masks=True, follow=True)
     first = record.get("first_error")
     st.session_state["step"] = first + 1 if first is not None else stepping.PLAY_TO_END
     st.session_state["forced"] = {}

@@ -37,7 +37,7 @@ def draw_controls(session: DecodeSession) -> None:
     c5.button("Reset", key="step_reset", on_click=stepping.reset, width="stretch", disabled=playing)
 
 
-def draw_force(view: StepView) -> None:
+def draw_force(view: StepView, following: bool) -> None:
     """Pick another word of the top-k for the current step; decoding continues from it."""
     others = [w for w in view.top_words if w != view.word] or view.top_words
     c1, c2 = st.columns([2, 1], vertical_alignment="bottom")
@@ -48,7 +48,20 @@ def draw_force(view: StepView) -> None:
     st.caption(f"Forcing replaces word {view.index + 1} only. α and β of this step stay as they are: they were "
                f"computed from h_{view.index}, before any word was picked. The forced word enters the LSTM, so "
                f"the change shows from step {view.index + 2} on — in its distribution first, and in its α, "
-               f"which is computed from the new h_{view.index + 1}.")
+               f"which is computed from the new h_{view.index + 1}."
+               + (" A word other than the Caption page's leaves its caption: from there on Next takes the most "
+                  "probable word." if following else ""))
+
+
+def draw_beam_choice(view: StepView) -> None:
+    """Where the replayed beam caption takes a word greedy decoding would not have taken, say so."""
+    if not view.followed or view.rank == 1:
+        return
+    where = (f"number {view.rank} of the {len(view.top_words)} most probable words here" if view.rank else
+             f"not among the {len(view.top_words)} most probable words here")
+    st.info(f"**Beam search chose “{view.word}”** (p = {np.exp(view.logprob):.3f}), {where}: greedy decoding would "
+            f"have said “{view.top_words[0]}”. The beam kept the caption that goes on with “{view.word}” because, "
+            f"finished, it ranked first (the Caption page's beam table shows the captions it beat).", icon=":material/alt_route:")
 
 
 def overlay_for_step(image: PreparedImage, session: DecodeSession, settings: MapSettings,
@@ -61,7 +74,7 @@ def overlay_for_step(image: PreparedImage, session: DecodeSession, settings: Map
     return overlay
 
 
-def draw_step(ctx: Context, image: PreparedImage, session: DecodeSession, hard: bool) -> None:
+def draw_step(ctx: Context, image: PreparedImage, session: DecodeSession, hard: bool, following: bool) -> None:
     view = session.steps[-1]
     summary = alpha_summary(view.alpha)
     with_masks = bool(object_masks(image)) and st.checkbox("Outline ground-truth objects", key="masks")
@@ -80,6 +93,7 @@ def draw_step(ctx: Context, image: PreparedImage, session: DecodeSession, hard: 
                     f"**p(word 1 | image): the {len(view.top_words)} most probable** — the distribution "
                     f"“{view.word}” was taken from")
         draw_topk(view.top_words, view.top_probs, view.word, key="step_topk")
+        draw_beam_choice(view)
         if view.blocked:
             st.caption("Kept out by **one mention per kind** (sidebar): "
                        + ", ".join(f"“{w}” (p = {p:.2g})" for w, p in view.blocked)
@@ -91,7 +105,7 @@ def draw_step(ctx: Context, image: PreparedImage, session: DecodeSession, hard: 
         m3.metric("max α_t", f"{summary.max:.3f}", help=f"at row {summary.argmax[0]}, col {summary.argmax[1]}")
         st.caption(f"α is spread over about {summary.effective_regions:.1f} of {view.alpha.size} cells "
                    f"(exp of its entropy {summary.entropy:.2f} nats).")
-        draw_force(view)
+        draw_force(view, following)
     with st.expander("α values of this step (grid rows × columns)"):
         st.dataframe(pd.DataFrame(np.round(view.alpha, 4)), width="stretch")
 
@@ -124,7 +138,7 @@ def draw_view(ctx: Context, image: PreparedImage, loaded, timer: float | None) -
         st.success(f"Caption complete after {len(words)} steps: log p = {session.logprob:.2f}" if ended else
                    f"Caption cut at the length cap of {ctx.decode.max_len} words (log p = {session.logprob:.2f}); "
                    "raise *Max length* in the sidebar to let it finish.")
-    draw_step(ctx, image, session, loaded.model.hard)
+    draw_step(ctx, image, session, loaded.model.hard, stepping.following(ctx))
     if ctx.maps.coverage:
         draw_coverage(image, session, ctx.maps)
     st.download_button("Download α values so far (JSON)",
@@ -140,8 +154,15 @@ def main() -> None:
     loaded = need_model(ctx)
     image = need_image(ctx)
     if ctx.decode.beam_size > 1:
-        st.caption(f"Stepping decodes greedily (one word at a time, beam size 1); the Caption page searches with "
-                   f"beam size {ctx.decode.beam_size}, so its caption can differ from the one built here.")
+        st.toggle(f"Follow the Caption page's caption (beam size {ctx.decode.beam_size})", key=stepping.FOLLOW,
+                  help="On: **Next** takes the next word of the caption beam search chose — the one the Caption page "
+                       "shows and error analysis scored — even where it is not the most probable word of its step. "
+                       "Off: **Next** takes the most probable word (greedy decoding, beam size 1), so the caption "
+                       "built here can differ from the Caption page's.")
+        if not stepping.following(ctx):
+            st.caption(f"**Next** takes the most probable word (greedy decoding, beam size 1); the Caption page "
+                       f"searches with beam size {ctx.decode.beam_size}, so its caption can differ from the one built "
+                       "here.")
     playing = bool(st.session_state.get(stepping.PLAYING))
     every = SPEEDS.get(st.session_state.get("play_speed"), 1.0) if playing else None
     st.fragment(run_every=every)(draw_view)(ctx, image, loaded, every)
@@ -149,8 +170,9 @@ def main() -> None:
     draw_help("What happens in one step", (
         "At step t the decoder scores every region with f_att(a_i, h_{t−1}); a softmax turns the scores into α_t. "
         "The context ẑ_t = β_t Σ_i α_ti a_i feeds the LSTM, whose new state gives the next-word distribution "
-        "(the bar chart). **Next** (→) takes its most probable word, **Back** (←) undoes one, **Play** adds one "
-        "word per tick; **Force word** replaces the current word and decoding continues from it (forced words "
+        "(the bar chart). **Next** (→) takes the next word of the Caption page's caption (with *Follow* on; beam "
+        "search may pick a word that is not this step's most probable, and the page says so) or else the most "
+        "probable word, **Back** (←) undoes one, **Play** adds one word per tick; **Force word** replaces the current word and decoding continues from it (forced words "
         "are underlined and starred). The encoder ran once: every step is one decoder step. See *How it works* "
         "for the equations with this step's numbers."))
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
+import html
 import json
+import re
 
 import numpy as np
 
 from sat_core.config import DecodeConfig
-from sat_core.decoding import DecodeSession
+from sat_core.decoding import DecodeSession, beam_search
 from sat_core.images import load_image, preprocess
 
 from tests.explorer.conftest import new_app
@@ -198,4 +201,41 @@ def test_the_page_says_what_forcing_does_and_which_distribution_is_shown(explore
     assert any("α and β of this step stay as they are" in c.value for c in at.caption)
     at.button(key="step_next").click().run()
     assert any(m.value.startswith("**p(word 2 | image, words 1–1)") for m in at.markdown)
+    assert at.toggle(key="follow").value is True  # Next follows the Caption page's caption
+    at.toggle(key="follow").set_value(False).run()
     assert any("beam size 3, so its caption can differ" in c.value for c in at.caption)
+    assert at.query_params["follow"] == "0"
+
+
+def step_words(at) -> list[str]:
+    return html.unescape(re.sub(r"<[^>]+>|\*", "", step_line(at))).split()[2:]  # "**Step 4:** a <mark>…" -> the words
+
+
+def test_step_through_replays_the_caption_pages_caption_and_says_where_beam_search_chose(explorer_env):
+    """With a beam wider than 1, Next takes the beam's words: stepping to the end gives the Caption page's caption,
+    and where the beam took a word that is not its step's most probable, the page says which greedy would take."""
+    loaded = explorer_env.checkpoint("soft")
+    cfg = dataclasses.replace(loaded.decode_defaults(), beam_size=10)  # the tiny model's beam 3 says what greedy says
+    found = None
+    for scene in explorer_env.test_ids():
+        tensor, _ = preprocess(load_image(explorer_env.scene_path(scene)), loaded.preprocess)
+        best = beam_search(loaded.model, tensor[None], loaded.vocab, cfg)[0][0]
+        follower = DecodeSession(loaded.model, loaded.vocab, tensor, dataclasses.replace(cfg, beam_size=1))
+        follower.sync(99, {}, follow=best.tokens)
+        chosen = [s for s in follower.steps if s.rank != 1]
+        if chosen:
+            found = scene, best, chosen[0]
+            break
+    assert found, "no test scene where the beam's caption leaves greedy decoding"
+    scene, best, view = found
+    at = open_step({"scene": str(scene), "step": "99", "beam": "10"})
+    assert step_words(at) == best.words + (["<end>"] if best.finished else [])
+    caption = new_app({"scene": str(scene), "beam": "10"})
+    caption.run()
+    assert any(m.value == f"**Caption:** {best.caption}" for m in caption.markdown)
+    at = open_step({"scene": str(scene), "step": str(view.index + 1), "beam": "10"})
+    note = next(i.value for i in at.info if i.value.startswith("**Beam search chose"))
+    assert f"chose “{view.word}”" in note and f"would have said “{view.top_words[0]}”" in note
+    at.toggle(key="follow").set_value(False).run()  # greedy: the step's word is its most probable one
+    assert step_words(at)[-1] == view.top_words[0]
+    assert not any(i.value.startswith("**Beam search chose") for i in at.info)
