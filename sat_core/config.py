@@ -182,6 +182,10 @@ class ModelConfig(Config):
     init_cells: int = option(0, "0: f_init,h and f_init,c read the mean annotation (the paper); G > 0: they read "
                              "LayerNorm(Σ_i ReLU(W a_i + b)), a G-wide layer applied to each cell before the sum, "
                              "so the initial state can count objects (a mean of annotations cannot)", low=0)
+    blind_init: bool = option(False, "f_init,h and f_init,c read nothing: (h_0, c_0) are learnt constants, so the "
+                              "decoder learns of the image through attention alone (an experiment, not the paper, "
+                              "whose f_init reads the mean annotation); with --init-cells the count head still "
+                              "reads the counting state")
     count_head: int = option(0, "with --init-cells: a head on the counting state predicts how many objects "
                              "(0–4) of each of N categories the scene holds, trained with --count-lambda "
                              "(scenes world; set from its categories); 0: none", low=0, derived=True)

@@ -359,6 +359,25 @@ def test_init_cells_tells_apart_annotations_whose_mean_is_the_same(vocab):
     assert counting.decoder.init_h[0].in_features == 32 and paper.decoder.init_cells is None
 
 
+def test_blind_init_starts_every_image_from_the_same_state_while_the_count_head_still_reads_it(vocab):
+    """ModelConfig.blind_init: (h_0, c_0) do not depend on the image; the counting state the count head reads does."""
+    torch.manual_seed(0)
+    model = Captioner(tiny_config(len(vocab), init_cells=16, count_head=3, blind_init=True)).eval()
+    feats = torch.randn(2, 64, model.config.annotation_dim)
+    with torch.no_grad():
+        _, h, c = model.decoder.prepare(feats)
+        summary = model.decoder.init_input(feats)
+        counts = model.decoder.count_logits(summary)
+    assert torch.equal(h[0], h[1]) and torch.equal(c[0], c[1])
+    assert torch.equal(h[0], torch.tanh(model.decoder.init_h[0].bias))  # a learnt constant: act(b)
+    assert not torch.equal(summary[0], summary[1]) and (counts[0] - counts[1]).abs().max() > 1e-4
+    seeing = Captioner(tiny_config(len(vocab), init_cells=16, count_head=3)).eval()
+    seeing.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        _, h_seen, _ = seeing.decoder.prepare(feats)
+    assert (h_seen[0] - h_seen[1]).abs().max() > 1e-4  # the same weights, reading the image
+
+
 def test_init_cells_round_trips_through_a_checkpoint_and_trains(tmp_path, vocab):
     from sat_core.checkpoint import load_checkpoint, save_checkpoint
     from sat_core.config import PreprocessConfig

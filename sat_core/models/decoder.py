@@ -138,6 +138,7 @@ class Decoder(nn.Module):
         # A relation judge (config.relation_judge), fitted after training: where each counted category lies.
         self.relation_judge = (RelationJudge(D, config.relation_judge, config.count_head, config.relation_feet)
                                if config.relation_judge else None)
+        self.blind_init = config.blind_init  # f_init reads zeros: (h_0, c_0) = act(b), learnt constants
         self.init_h = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,h
         self.init_c = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,c
         self.attention = AttentionMLP(D, n, config.attn_dim, config.attention_activation)  # f_att
@@ -160,6 +161,8 @@ class Decoder(nn.Module):
         the projection and (h_0, c_0) stay fp32.
         """
         summary = self.init_input(feats) if summary is None else summary  # (B, D) or (B, G)
+        if self.blind_init:
+            summary = torch.zeros_like(summary)
         proj = self.attention.project(feats)  # (B, L, A) fp32
         prep = Prepared(feats.to(compute_dtype(feats)), proj)
         return prep, self.init_h(summary).float(), self.init_c(summary).float()
