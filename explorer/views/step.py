@@ -59,9 +59,10 @@ def draw_beam_choice(view: StepView) -> None:
         return
     where = (f"number {view.rank} of the {len(view.top_words)} most probable words here" if view.rank else
              f"not among the {len(view.top_words)} most probable words here")
-    st.info(f"**Beam search chose “{view.word}”** (p = {np.exp(view.logprob):.3f}), {where}: greedy decoding would "
-            f"have said “{view.top_words[0]}”. The beam kept the caption that goes on with “{view.word}” because, "
-            f"finished, it ranked first (the Caption page's beam table shows the captions it beat).", icon=":material/alt_route:")
+    st.info(f"**Beam search chose “{view.word}”** (p = {np.exp(view.logprob):.3f}), {where}: greedy decoding "
+            f"would have said “{view.top_words[0]}”. The beam kept the caption that goes on with “{view.word}” "
+            "because, finished, it ranked first (the Caption page's beam table shows the captions it beat).",
+            icon=":material/alt_route:")
 
 
 def overlay_for_step(image: PreparedImage, session: DecodeSession, settings: MapSettings,
@@ -172,8 +173,8 @@ def main() -> None:
         "The context ẑ_t = β_t Σ_i α_ti a_i feeds the LSTM, whose new state gives the next-word distribution "
         "(the bar chart). **Next** (→) takes the next word of the Caption page's caption (with *Follow* on; beam "
         "search may pick a word that is not this step's most probable, and the page says so) or else the most "
-        "probable word, **Back** (←) undoes one, **Play** adds one word per tick; **Force word** replaces the current word and decoding continues from it (forced words "
-        "are underlined and starred). The encoder ran once: every step is one decoder step. See *How it works* "
+        "probable word, **Back** (←) undoes one, **Play** adds one word per tick; **Force word** replaces the "
+        "current word and decoding continues from it (forced words are underlined and starred). The encoder ran once: every step is one decoder step. See *How it works* "
         "for the equations with this step's numbers."))
 
 
