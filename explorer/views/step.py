@@ -174,8 +174,8 @@ def main() -> None:
         "(the bar chart). **Next** (→) takes the next word of the Caption page's caption (with *Follow* on; beam "
         "search may pick a word that is not this step's most probable, and the page says so) or else the most "
         "probable word, **Back** (←) undoes one, **Play** adds one word per tick; **Force word** replaces the "
-        "current word and decoding continues from it (forced words are underlined and starred). The encoder ran once: every step is one decoder step. See *How it works* "
-        "for the equations with this step's numbers."))
+        "current word and decoding continues from it (forced words are underlined and starred). The encoder ran "
+        "once: every step is one decoder step. See *How it works* for the equations with this step's numbers."))
 
 
 main()
