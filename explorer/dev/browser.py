@@ -247,7 +247,9 @@ def choose_upload(page: Any, timeout_s: float) -> None:
 
 
 def shoot(page: Any, path: Path, min_height: int = 900, max_height: int = 5000) -> Path:
-    """Screenshot with the viewport as tall as the page's content (Streamlit scrolls inside stMain)."""
+    """Screenshot with the viewport as tall as the page's content (Streamlit scrolls inside stMain), the pointer
+    moved off every button first (a last click's tooltip would cover what lies above it)."""
+    page.mouse.move(0, 0)
     height = page.evaluate("""() => {
       const block = document.querySelector('[data-testid="stMainBlockContainer"]');
       const side = document.querySelector('[data-testid="stSidebarContent"]');
