@@ -149,14 +149,31 @@ def _image_ui(data: DataSource, loaded) -> tuple:
             return gallery, gallery_error, res.prepare_image(source[0], preprocess, *source[1:]), None, source
         if gallery is None:
             return gallery, gallery_error, None, gallery_error, None
-        state.keep_choice("scene", gallery.ids)
+        _note_missing_scene(gallery)
         scene = st.sidebar.selectbox(f"Image ({len(gallery.ids)})", gallery.ids, key="scene", format_func=gallery.name,
                                      help=f"From {gallery.note}")
+        note = st.session_state.get(MISSING_SCENE)
+        if note and note[1] == scene:
+            st.sidebar.info(f"Scene {note[0]} (from the link) is not in this gallery, {gallery.note}: showing "
+                            f"{gallery.name(scene)} instead. The link was made with another dataset or split.")
+        else:
+            st.session_state.pop(MISSING_SCENE, None)
         record = gallery.by_id[scene]
         source = (f"scene:{scene}:{record.path}", record.path.name, str(record.path), record)
         return gallery, gallery_error, res.prepare_image(source[0], preprocess, *source[1:]), None, source
     except SatError as err:
         return gallery, gallery_error, None, str(err), None
+
+
+MISSING_SCENE = "_missing_scene"  # (the scene a link asked for, the gallery image shown instead)
+
+
+def _note_missing_scene(gallery: res.Gallery) -> None:
+    """A scene id (from a link) that this gallery lacks: drop it, and remember it for the notice beside the image."""
+    asked = st.session_state.get("scene")
+    if asked is not None and asked not in gallery.by_id and gallery.ids:
+        st.session_state[MISSING_SCENE] = (asked, gallery.ids[0])
+    state.keep_choice("scene", gallery.ids)
 
 
 def _maps_ui() -> MapSettings:

@@ -239,3 +239,21 @@ def test_step_through_replays_the_caption_pages_caption_and_says_where_beam_sear
     at.toggle(key="follow").set_value(False).run()  # greedy: the step's word is its most probable one
     assert step_words(at)[-1] == view.top_words[0]
     assert not any(i.value.startswith("**Beam search chose") for i in at.info)
+
+
+def test_a_link_to_a_scene_this_gallery_lacks_says_so_and_shows_its_first_image(explorer_env):
+    at = new_app({"scene": "987654"})
+    at.run()
+    assert not at.exception, at.exception
+    first = explorer_env.test_ids()[0]
+    assert at.sidebar.selectbox(key="scene").value == first
+    notes = [i.value for i in at.sidebar.info
+             if i.value.startswith("Scene 987654 (from the link) is not in this gallery")]
+    assert len(notes) == 1 and "made with another dataset or split" in notes[0]
+    other = explorer_env.test_ids()[1]
+    at.sidebar.selectbox(key="scene").set_value(other).run()  # the user's own choice: the notice goes
+    assert not any(i.value.startswith("Scene 987654") for i in at.sidebar.info)
+    fine = new_app({"scene": str(other)})
+    fine.run()
+    assert fine.sidebar.selectbox(key="scene").value == other and not any(
+        i.value.startswith("Scene ") for i in fine.sidebar.info)
