@@ -236,6 +236,11 @@ def test_step_through_replays_the_caption_pages_caption_and_says_where_beam_sear
     at = open_step({"scene": str(scene), "step": str(view.index + 1), "beam": "10"})
     note = next(i.value for i in at.info if i.value.startswith("**Beam search chose"))
     assert f"chose “{view.word}”" in note and f"would have said “{view.top_words[0]}”" in note
+    at.switch_page("views/teach.py").run()  # How it works shows the same step and says why the word was chosen
+    assert not at.exception, at.exception
+    assert any(f"greedy decoding would take “{view.top_words[0]}”" in c.value for c in at.caption)
+    assert any("by beam search" in x.value for x in at.latex)
+    at.switch_page("views/step.py").run()
     at.toggle(key="follow").set_value(False).run()  # greedy: the step's word is its most probable one
     assert step_words(at)[-1] == view.top_words[0]
     assert not any(i.value.startswith("**Beam search chose") for i in at.info)
