@@ -96,8 +96,9 @@ def draw_output(view: StepView, t: int) -> None:
     st.latex(rf"\text{{chosen}}: {_tex_word(view.word)},\quad \log p = {view.logprob:.3f}"
              + (r"\ \text{(forced)}" if view.forced else r"\ \text{(by beam search)}" if beam else ""))
     if beam:
-        st.caption(f"Not the most probable word of this step: the caption followed is the beam's best (Step through's "
-                   f"*Follow*), which goes on with “{view.word}”; greedy decoding would take “{view.top_words[0]}”.")
+        st.caption(f"Not the most probable word of this step: the caption followed is the beam's best (Step "
+                   f"through's *Follow*), which goes on with “{view.word}”; greedy decoding would take "
+                   f"“{view.top_words[0]}”.")
 
 
 def penalty_scale(alphas, n_regions: int) -> tuple[float, float, float]:
