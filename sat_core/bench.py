@@ -55,8 +55,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import ctypes
+import dataclasses
 import json
 import sys
 import time

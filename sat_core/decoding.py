@@ -795,6 +795,11 @@ class StepView:
         """1 + how many shown words are more probable than this step's word; None: not among those shown."""
         return self.top_words.index(self.word) + 1 if self.word in self.top_words else None
 
+    @property
+    def beam_chose(self) -> bool:
+        """A replayed beam caption's word that is not this step's most probable one (greedy would say another)."""
+        return self.followed and self.rank != 1
+
 
 class DecodeSession:
     """Step through one image's caption word by word; go back; force a word and continue.

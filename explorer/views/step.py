@@ -55,7 +55,7 @@ def draw_force(view: StepView, following: bool) -> None:
 
 def draw_beam_choice(view: StepView) -> None:
     """Where the replayed beam caption takes a word greedy decoding would not have taken, say so."""
-    if not view.followed or view.rank == 1:
+    if not view.beam_chose:
         return
     where = (f"number {view.rank} of the {len(view.top_words)} most probable words here" if view.rank else
              f"not among the {len(view.top_words)} most probable words here")

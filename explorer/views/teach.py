@@ -92,10 +92,9 @@ def draw_output(view: StepView, t: int) -> None:
     st.latex(rf"t = {t}:\quad " + r",\quad ".join(terms[:2]))
     if terms[2:]:
         st.latex(r",\quad ".join(terms[2:]))
-    beam = view.followed and view.rank != 1  # the beam's caption took a word that is not this step's most probable
     st.latex(rf"\text{{chosen}}: {_tex_word(view.word)},\quad \log p = {view.logprob:.3f}"
-             + (r"\ \text{(forced)}" if view.forced else r"\ \text{(by beam search)}" if beam else ""))
-    if beam:
+             + (r"\ \text{(forced)}" if view.forced else r"\ \text{(by beam search)}" if view.beam_chose else ""))
+    if view.beam_chose:
         st.caption(f"Not the most probable word of this step: the caption followed is the beam's best (Step "
                    f"through's *Follow*), which goes on with “{view.word}”; greedy decoding would take "
                    f"“{view.top_words[0]}”.")

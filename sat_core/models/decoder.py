@@ -160,9 +160,10 @@ class Decoder(nn.Module):
         Under bf16 autocast the annotations are cast here, once per image, for the context products;
         the projection and (h_0, c_0) stay fp32.
         """
-        summary = self.init_input(feats) if summary is None else summary  # (B, D) or (B, G)
-        if self.blind_init:
-            summary = torch.zeros_like(summary)
+        if self.blind_init:  # f_init reads zeros: nothing of the image
+            summary = feats.new_zeros(feats.shape[0], self.init_h[0].in_features, dtype=torch.float32)
+        elif summary is None:
+            summary = self.init_input(feats)  # (B, D) or (B, G)
         proj = self.attention.project(feats)  # (B, L, A) fp32
         prep = Prepared(feats.to(compute_dtype(feats)), proj)
         return prep, self.init_h(summary).float(), self.init_c(summary).float()
