@@ -329,6 +329,10 @@ class OptimConfig(Config):
                                      "−Σ_i q_ti log α_ti for every caption word linked to objects, q_t the linked "
                                      "objects' share of each cell; synthetic worlds with masks only; 0: α learns "
                                      "from the captions alone, as in the paper", low=0.0)
+    attention_target: str = option("cells", "--attention-lambda's term: cells: the cross-entropy from the objects' "
+                                   "share of each cell (Liu et al., 2017), smallest when α spreads over the object "
+                                   "in proportion | mass: −log Σ_i c_ti α_ti, α's weight on the object's cells, "
+                                   "smallest when α lies anywhere on it", choices=("cells", "mass"))
     optimizer: str = option("adam", "optimizer", choices=("adam", "rmsprop"))
     lr: float = option(1e-3, "learning rate", low=0.0)
     lr_schedule: str = option("constant", "constant: --lr throughout | cosine: from --lr down to --lr-final × --lr "

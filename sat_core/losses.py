@@ -61,6 +61,17 @@ def attention_supervision(alphas: torch.Tensor, targets: torch.Tensor, linked: t
     return cross[linked].sum() / linked.sum().clamp_min(1)
 
 
+def attention_mass(alphas: torch.Tensor, covers: torch.Tensor, linked: torch.Tensor) -> torch.Tensor:
+    """Supervised attention by its weight on the object (not in the paper): −log Σ_i c_ti α_ti, with c (B, T, L)
+    the linked objects' share of each cell, averaged over the linked words (B, T) bool.
+
+    Σ_i c_ti α_ti is the share of the object in the cell a hard model samples, in expectation, so the term
+    asks that α lie on the object without asking that it spread over all of it (the cross-entropy of
+    ``attention_supervision`` is smallest at α = the object's cells in proportion)."""
+    mass = (covers * alphas.float()).sum(-1).clamp_min(1e-8)  # (B, T)
+    return -mass.log()[linked].sum() / linked.sum().clamp_min(1)
+
+
 @dataclass
 class LossParts:
     total: torch.Tensor

@@ -89,9 +89,11 @@ class AttentionTargets:
         self.captions, self.preprocess = captions, preprocess
         self._covers: dict[int, dict[Any, np.ndarray]] = {}  # image -> object id -> (L,) cover
 
-    def batch(self, keys: Sequence[int], steps: int, regions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, keys: Sequence[int], steps: int, regions: int, *,
+              normalise: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """q (B, steps, regions) float32 and which words are linked (B, steps) bool, for the captions
-        ``keys`` (Batch.keys); step t is the step that produces word t."""
+        ``keys`` (Batch.keys); step t is the step that produces word t. ``normalise=False`` keeps the
+        linked objects' share of each cell itself (at most 1) instead of a distribution over the cells."""
         side = math.isqrt(regions)
         if side * side != regions:
             raise SatError(f"Supervised attention needs a square grid of regions, not {regions}.")
@@ -103,7 +105,7 @@ class AttentionTargets:
                 if t < steps:
                     q[b, t] = covers[ids[0]] if len(ids) == 1 else sum(covers[o] for o in ids)
         total = q.sum(-1, keepdims=True)  # (B, steps, 1); 0 where no link (or the objects lie outside the crop)
-        q = np.divide(q, total, out=np.zeros_like(q), where=total > 0)
+        q = np.divide(q, total, out=np.zeros_like(q), where=total > 0) if normalise else np.minimum(q, 1.0)
         return torch.from_numpy(q), torch.from_numpy(total[..., 0] > 0)
 
     def _image_covers(self, image: int, grid: tuple[int, int]) -> dict[Any, np.ndarray]:

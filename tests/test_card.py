@@ -121,6 +121,15 @@ def test_card_says_when_attention_was_supervised(attention_lambda):
         "not in the paper): α was taught with the world's masks, not learnt from the captions alone."])
 
 
+def test_card_names_the_mass_form_of_supervised_attention():
+    optim = {"optimizer": "adam", "lr": 0.001, "attention_lambda": 1.0, "attention_target": "mass"}
+    config = {"model": {"attention": "hard"}, "training": {"dataset": "d.json", "train_config": {"optim": optim}}}
+    lines = [x for x in model_card("m", config, {"split": "test"}).splitlines() if x.startswith("- Attention:")]
+    assert lines == ["- Attention: supervised onto the object each word names (`--attention-lambda 1 --attention-target "
+                     "mass`: −log of α's weight on its cells; not in the paper): α was taught with the world's masks, "
+                     "not learnt from the captions alone."]
+
+
 @pytest.mark.parametrize("model, line", [
     ({}, None),
     ({"init_cells": 8, "count_head": 37}, "- Count head on that sum: how many (0–4) of each of 37 categories "

@@ -8,6 +8,7 @@ attention) ends bit-identical to an uninterrupted one; bad inputs exit with code
 from __future__ import annotations
 
 import json
+import math
 import signal
 from pathlib import Path
 
@@ -546,6 +547,34 @@ def test_attention_targets_put_each_linked_word_on_its_objects_cells(tmp_path):
             assert float(q[b, t].abs().sum()) == 0
 
 
+    covers, linked_too = targets.batch([0, 1], 12, 196, normalise=False)
+    assert torch.equal(linked_too, linked) and float(covers.max()) <= 1.0
+    for b in range(2):
+        for t in torch.nonzero(linked[b]).squeeze(1).tolist():  # the same cells, by the objects' share of each
+            assert torch.allclose(covers[b, t] / covers[b, t].sum(), q[b, t], atol=1e-6)
+
+
+def test_attention_mass_is_minus_log_the_weight_on_the_objects_cells():
+    """--attention-target mass: −log Σ_i c_i α_i over the linked words, 0 when α lies on a fully covered cell
+    wherever it is on the object, unlike the cross-entropy, which is smallest when α spreads over the object."""
+    from sat_core.losses import attention_mass, attention_supervision
+    covers = torch.zeros(1, 2, 4)
+    covers[0, 0, :2] = torch.tensor([1.0, 1.0])  # word 0 names an object covering cells 0 and 1
+    linked = torch.tensor([[True, False]])
+    on_one = torch.tensor([[[1.0, 0, 0, 0], [0.25] * 4]])
+    spread = torch.tensor([[[0.5, 0.5, 0, 0], [1.0, 0, 0, 0]]])
+    beside = torch.tensor([[[0.25, 0.25, 0.25, 0.25], [1.0, 0, 0, 0]]])
+    assert float(attention_mass(on_one, covers, linked)) == pytest.approx(0.0, abs=1e-6)
+    assert float(attention_mass(spread, covers, linked)) == pytest.approx(0.0, abs=1e-6)
+    assert float(attention_mass(beside, covers, linked)) == pytest.approx(math.log(2), abs=1e-6)
+    q = covers / covers.sum(-1, keepdim=True).clamp_min(1)
+    assert float(attention_supervision(on_one, q, linked)) > float(attention_supervision(spread, q, linked))
+    half = covers.clone()
+    half[0, 0, 1] = 0.5  # cell 1 only half covered: α there counts half
+    assert float(attention_mass(torch.tensor([[[0, 1.0, 0, 0], [1.0, 0, 0, 0]]]), half, linked)) == pytest.approx(
+        math.log(2), abs=1e-6)
+
+
 def _crop(record, pre):
     from sat_core.images import crop_info
     from sat_core.world import rle_decode
@@ -564,6 +593,12 @@ def test_attention_lambda_pulls_alpha_onto_the_named_objects(tmp_path, capsys):
     epochs = [r for r in map(json.loads, (supervised / "log.jsonl").read_text().splitlines()) if "attention" in r]
     assert len(epochs) == 6 and epochs[-1]["attention"] < epochs[0]["attention"] - 0.3
     assert ckpt.load_checkpoint(supervised / "last").optim.attention_lambda == 1
+    mass = tmp_path / "mass"
+    assert train.main(train_args(data, tmp_path / "scenes", mass, *flags, "--attention-lambda", "1",
+                                 "--attention-target", "mass")) == 0
+    epochs = [r for r in map(json.loads, (mass / "log.jsonl").read_text().splitlines()) if "attention" in r]
+    assert len(epochs) == 6 and epochs[-1]["attention"] < epochs[0]["attention"] - 0.3
+    assert ckpt.load_checkpoint(mass / "last").optim.attention_target == "mass"
     shapes, _ = make_dataset(tmp_path / "shapes")
     assert train.main(train_args(shapes, tmp_path / "shapes" / "world", tmp_path / "run2", *flags,
                                  "--attention-lambda", "1")) == 2
