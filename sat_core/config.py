@@ -352,6 +352,12 @@ class OptimConfig(Config):
     save_every: int = option(200, "optimizer steps between resumable checkpoints (and every epoch end); 0: epochs only",
                              low=0)
 
+    @property
+    def attention_term(self) -> str:
+        """Supervised attention's term in words (``attention_target``), for cards and the explorer."""
+        return ("−log of α's weight on the object's cells" if self.attention_target == "mass"
+                else "the cross-entropy from the object's cells to α")
+
     def validate(self) -> None:
         if self.lr_final > 1:
             raise SatError(f"OptimConfig.lr_final is a share of --lr, at most 1, not {self.lr_final}.")

@@ -58,7 +58,8 @@ def supervision(loaded: LoadedCheckpoint) -> str:
     if loaded.optim is None:
         return "not recorded"
     if loaded.optim.attention_lambda:
-        return f"captions + object masks, λ_a = {loaded.optim.attention_lambda:g}"
+        mass = ", on the object's cells (mass)" if loaded.optim.attention_target == "mass" else ""
+        return f"captions + object masks, λ_a = {loaded.optim.attention_lambda:g}{mass}"
     return "captions alone (the paper)"
 
 

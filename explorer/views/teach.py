@@ -7,7 +7,7 @@ import streamlit as st
 
 from sat_core.alpha import alpha_summary, doubly_stochastic
 from sat_core.checkpoint import LoadedCheckpoint
-from sat_core.config import HardAttentionConfig
+from sat_core.config import HardAttentionConfig, OptimConfig
 from sat_core.decoding import DecodeSession, StepView
 
 from explorer import maps, stepping
@@ -44,14 +44,15 @@ def draw_picture(ctx: Context, image: PreparedImage, session: DecodeSession, vie
                title=f"α at step {view.index + 1}: {view.word}")
 
 
-def draw_attention(view: StepView, t: int, supervised: float = 0.0) -> None:
+def draw_attention(view: StepView, t: int, optim: OptimConfig | None = None) -> None:
     s = alpha_summary(view.alpha)
     gh, gw = view.alpha.shape
     st.subheader("1 · Attention: where to look")
-    if supervised:
+    if optim is not None and optim.attention_lambda:
+        source = "Liu et al., 2017, " if optim.attention_target == "cells" else ""
         st.info(f"This model's α was also trained towards the object each word names (supervised attention, "
-                f"λ_a = {supervised:g}: the cross-entropy from the object's cells to α; Liu et al., 2017, not in "
-                "the paper). Where it looks was taught with the world's masks, not learnt from the captions alone.")
+                f"λ_a = {optim.attention_lambda:g}: {optim.attention_term}; {source}not in the paper). Where it "
+                "looks was taught with the world's masks, not learnt from the captions alone.")
     st.markdown("Every region's annotation vector a_i is scored against the previous hidden state; "
                 "a softmax over the L regions gives the weights α_t.")
     st.latex(r"e_{ti} = f_{\mathrm{att}}(a_i, h_{t-1}), \qquad \alpha_{ti} = \frac{\exp(e_{ti})}{\sum_{k=1}^{L} \exp(e_{tk})}")
@@ -170,7 +171,7 @@ def main() -> None:
     with picture:
         draw_picture(ctx, image, session, view, hard)
     with equations:
-        draw_attention(view, t, loaded.optim.attention_lambda if loaded.optim else 0.0)
+        draw_attention(view, t, loaded.optim)
         draw_context(view, t, hard, ctx.decode.hard_mode == "sample")
         draw_output(view, t)
         st.subheader("4 · Training signal: " + ("REINFORCE over sampled locations" if hard else "look everywhere once"))
