@@ -122,10 +122,13 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
                         if optim.get("lr_schedule") == "cosine"
                         else f"{optim.get('lr', '?')} throughout")
             lines += [f"- Optimiser: {optim.get('optimizer', '?')}, learning rate {schedule}."]
-            if optim.get("attention_lambda") and optim.get("attention_target", "cells") == "mass":
+            target = optim.get("attention_target", "cells")
+            if optim.get("attention_lambda") and target != "cells":
                 lines += [f"- Attention: supervised onto the object each word names (`--attention-lambda "
-                          f"{optim['attention_lambda']:g} --attention-target mass`: −log of α's weight on its cells; "
-                          "not in the paper): α was taught with the world's masks, not learnt from the captions alone."]
+                          f"{optim['attention_lambda']:g} --attention-target {target}`: −log of α's weight on "
+                          + ("its cells" if target == "mass" else "each named object's cells")
+                          + "; not in the paper): α was taught with the world's masks, not learnt from the captions "
+                          "alone."]
             elif optim.get("attention_lambda"):
                 lines += [f"- Attention: supervised towards the object each word names (`--attention-lambda "
                           f"{optim['attention_lambda']:g}`, Liu et al., 2017; not in the paper): α was taught with "

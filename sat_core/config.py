@@ -331,8 +331,10 @@ class OptimConfig(Config):
                                      "from the captions alone, as in the paper", low=0.0)
     attention_target: str = option("cells", "--attention-lambda's term: cells: the cross-entropy from the objects' "
                                    "share of each cell (Liu et al., 2017), smallest when α spreads over the object "
-                                   "in proportion | mass: −log Σ_i c_ti α_ti, α's weight on the object's cells, "
-                                   "smallest when α lies anywhere on it", choices=("cells", "mass"))
+                                   "in proportion | mass: −log Σ_i c_ti α_ti, α's weight on the objects' cells, "
+                                   "smallest when α lies anywhere on them | objects: the same for each object a "
+                                   "word names, averaged, so \"two dogs\" splits α between the dogs",
+                                   choices=("cells", "mass", "objects"))
     optimizer: str = option("adam", "optimizer", choices=("adam", "rmsprop"))
     lr: float = option(1e-3, "learning rate", low=0.0)
     lr_schedule: str = option("constant", "constant: --lr throughout | cosine: from --lr down to --lr-final × --lr "
@@ -355,8 +357,9 @@ class OptimConfig(Config):
     @property
     def attention_term(self) -> str:
         """Supervised attention's term in words (``attention_target``), for cards and the explorer."""
-        return ("−log of α's weight on the object's cells" if self.attention_target == "mass"
-                else "the cross-entropy from the object's cells to α")
+        return {"mass": "−log of α's weight on the object's cells",
+                "objects": "−log of α's weight on each object's cells, averaged over the objects a word names"}.get(
+            self.attention_target, "the cross-entropy from the object's cells to α")
 
     def validate(self) -> None:
         if self.lr_final > 1:

@@ -72,6 +72,20 @@ def attention_mass(alphas: torch.Tensor, covers: torch.Tensor, linked: torch.Ten
     return -mass.log()[linked].sum() / linked.sum().clamp_min(1)
 
 
+def attention_objects(alphas: torch.Tensor, covers: torch.Tensor) -> torch.Tensor:
+    """Supervised attention by its weight on each object a word names (not in the paper): the mean over the word's
+    objects of −log Σ_i c_tki α_ti, with c (B, T, K, L) each object's share of each cell (zeros past the word's
+    objects), averaged over the words that name any.
+
+    For a word naming one object it is ``attention_mass``; for "two dogs" it is smallest when α puts half its weight
+    on each dog, on any of its cells — so a count word looks at everything it counts."""
+    present = covers.sum(-1) > 0  # (B, T, K)
+    mass = (covers * alphas.float().unsqueeze(2)).sum(-1).clamp_min(1e-8)  # (B, T, K)
+    per_word = torch.where(present, -mass.log(), torch.zeros_like(mass)).sum(-1) / present.sum(-1).clamp_min(1)
+    linked = present.any(-1)  # (B, T)
+    return per_word[linked].sum() / linked.sum().clamp_min(1)
+
+
 @dataclass
 class LossParts:
     total: torch.Tensor

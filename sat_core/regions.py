@@ -108,6 +108,23 @@ class AttentionTargets:
         q = np.divide(q, total, out=np.zeros_like(q), where=total > 0) if normalise else np.minimum(q, 1.0)
         return torch.from_numpy(q), torch.from_numpy(total[..., 0] > 0)
 
+    def objects(self, keys: Sequence[int], steps: int, regions: int) -> torch.Tensor:
+        """Each linked object's own share of each cell, (B, steps, K, regions) float32 with K the most objects
+        one word names (zeros past a word's objects and for words without links); see ``batch``."""
+        side = math.isqrt(regions)
+        if side * side != regions:
+            raise SatError(f"Supervised attention needs a square grid of regions, not {regions}.")
+        per_word = []  # (b, t, [cover, …])
+        for b, key in enumerate(keys):
+            image, sentence = self.captions.sentence_of[key]
+            covers = self._image_covers(image, (side, side))
+            per_word += [(b, t, [covers[o] for o in ids])
+                         for t, ids in self.captions.data.images[image].links[sentence] or [] if t < steps]
+        c = np.zeros((len(keys), steps, max([len(x) for *_, x in per_word], default=1), regions), dtype=np.float32)
+        for b, t, covers in per_word:
+            c[b, t, : len(covers)] = covers
+        return torch.from_numpy(c)
+
     def _image_covers(self, image: int, grid: tuple[int, int]) -> dict[Any, np.ndarray]:
         if image not in self._covers:
             objects = self.captions.data.images[image].objects

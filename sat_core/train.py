@@ -33,7 +33,7 @@ from sat_core.config import DecodeConfig, ModelConfig, PreprocessConfig, TrainCo
 from sat_core.data import CaptionDataset, EvalImages, ImageStore, build_vocab, load_karpathy, make_loader, normalise
 from sat_core.decoding import beam_search, pick_device
 from sat_core.errors import SatError
-from sat_core.losses import MovingBaseline, attention_mass, attention_supervision, caption_loss
+from sat_core.losses import MovingBaseline, attention_mass, attention_objects, attention_supervision, caption_loss
 from sat_core.models.captioner import Captioner
 from sat_core.models.encoder import FEATURE_DIMS, Annotations, load_torchvision_weights
 from sat_core.precision import autocast, resolve
@@ -403,10 +403,14 @@ class Trainer:
             total, count = total + cfg.optim.count_lambda * count_loss, float(count_loss.detach())
         attention = 0.0
         if self.attention_targets is not None:  # supervised attention: α towards the linked objects' cells
-            mass = cfg.optim.attention_target == "mass"
-            q, linked = self.attention_targets.batch(batch.keys, *out.alphas.shape[1:], normalise=not mass)
-            term = attention_mass if mass else attention_supervision  # q (B, T, L), linked (B, T)
-            supervised = term(out.alphas, q.to(self.device), linked.to(self.device))
+            target, shape = cfg.optim.attention_target, out.alphas.shape[1:]
+            if target == "objects":
+                supervised = attention_objects(out.alphas, self.attention_targets.objects(batch.keys, *shape)
+                                               .to(self.device))
+            else:
+                q, linked = self.attention_targets.batch(batch.keys, *shape, normalise=target == "cells")
+                term = attention_mass if target == "mass" else attention_supervision  # q (B, T, L), linked (B, T)
+                supervised = term(out.alphas, q.to(self.device), linked.to(self.device))
             total, attention = total + cfg.optim.attention_lambda * supervised, float(supervised.detach())
         if not torch.isfinite(total):
             raise self._non_finite("loss", float(total.detach()), batch)

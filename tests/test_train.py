@@ -549,9 +549,13 @@ def test_attention_targets_put_each_linked_word_on_its_objects_cells(tmp_path):
 
     covers, linked_too = targets.batch([0, 1], 12, 196, normalise=False)
     assert torch.equal(linked_too, linked) and float(covers.max()) <= 1.0
+    each = targets.objects([0, 1], 12, 196)  # (B, T, K, L): every linked object on its own
+    assert each.shape[:2] == (2, 12) and each.shape[3] == 196
+    assert torch.equal(each.sum(-1).gt(0).any(-1), linked)
     for b in range(2):
         for t in torch.nonzero(linked[b]).squeeze(1).tolist():  # the same cells, by the objects' share of each
             assert torch.allclose(covers[b, t] / covers[b, t].sum(), q[b, t], atol=1e-6)
+            assert torch.allclose(each[b, t].sum(0).clamp(max=1), covers[b, t], atol=1e-6)
 
 
 def test_attention_mass_is_minus_log_the_weight_on_the_objects_cells():
@@ -575,6 +579,23 @@ def test_attention_mass_is_minus_log_the_weight_on_the_objects_cells():
         math.log(2), abs=1e-6)
 
 
+def test_attention_objects_asks_alpha_to_look_at_each_object_a_word_names():
+    """--attention-target objects: for a word naming two objects, α all on one of them costs log 2 more than α split
+    between them; for a word naming one, it is --attention-target mass; padding and unlinked words cost nothing."""
+    from sat_core.losses import attention_mass, attention_objects
+    covers = torch.zeros(1, 3, 2, 4)
+    covers[0, 0, 0, :2] = 1.0  # word 0 names two objects: cells 0–1 and cell 3
+    covers[0, 0, 1, 3] = 1.0
+    covers[0, 1, 0, 2] = 0.5  # word 1 names one object, half of cell 2; word 2 none
+    split = torch.tensor([[[0.25, 0.25, 0, 0.5], [0, 0, 1.0, 0], [1.0, 0, 0, 0]]])
+    one = torch.tensor([[[1.0, 0, 0, 0], [0, 0, 1.0, 0], [0, 0, 0, 1.0]]])
+    assert float(attention_objects(split, covers)) == pytest.approx((math.log(2) + math.log(2)) / 2, abs=1e-5)
+    assert float(attention_objects(one, covers)) == pytest.approx((math.log(1e8) / 2 + math.log(2)) / 2, abs=1e-4)
+    linked = torch.tensor([[False, True, False]])
+    assert float(attention_objects(split[:, 1:2], covers[:, 1:2])) == pytest.approx(
+        float(attention_mass(split, covers[:, :, 0], linked)), abs=1e-6)
+
+
 def _crop(record, pre):
     from sat_core.images import crop_info
     from sat_core.world import rle_decode
@@ -593,12 +614,13 @@ def test_attention_lambda_pulls_alpha_onto_the_named_objects(tmp_path, capsys):
     epochs = [r for r in map(json.loads, (supervised / "log.jsonl").read_text().splitlines()) if "attention" in r]
     assert len(epochs) == 6 and epochs[-1]["attention"] < epochs[0]["attention"] - 0.3
     assert ckpt.load_checkpoint(supervised / "last").optim.attention_lambda == 1
-    mass = tmp_path / "mass"
-    assert train.main(train_args(data, tmp_path / "scenes", mass, *flags, "--attention-lambda", "1",
-                                 "--attention-target", "mass")) == 0
-    epochs = [r for r in map(json.loads, (mass / "log.jsonl").read_text().splitlines()) if "attention" in r]
-    assert len(epochs) == 6 and epochs[-1]["attention"] < epochs[0]["attention"] - 0.3
-    assert ckpt.load_checkpoint(mass / "last").optim.attention_target == "mass"
+    for target in ("mass", "objects"):
+        run = tmp_path / target
+        assert train.main(train_args(data, tmp_path / "scenes", run, *flags, "--attention-lambda", "1",
+                                     "--attention-target", target)) == 0
+        epochs = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if "attention" in r]
+        assert len(epochs) == 6 and epochs[-1]["attention"] < epochs[0]["attention"] - 0.3
+        assert ckpt.load_checkpoint(run / "last").optim.attention_target == target
     shapes, _ = make_dataset(tmp_path / "shapes")
     assert train.main(train_args(shapes, tmp_path / "shapes" / "world", tmp_path / "run2", *flags,
                                  "--attention-lambda", "1")) == 2

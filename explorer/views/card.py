@@ -58,7 +58,8 @@ def supervision(loaded: LoadedCheckpoint) -> str:
     if loaded.optim is None:
         return "not recorded"
     if loaded.optim.attention_lambda:
-        mass = ", on the object's cells (mass)" if loaded.optim.attention_target == "mass" else ""
+        mass = {"mass": ", on the object's cells (mass)", "objects": ", on each object's cells (objects)"}.get(
+            loaded.optim.attention_target, "")
         return f"captions + object masks, λ_a = {loaded.optim.attention_lambda:g}{mass}"
     return "captions alone (the paper)"
 
