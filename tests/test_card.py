@@ -121,12 +121,13 @@ def test_card_says_when_attention_was_supervised(attention_lambda):
         "not in the paper): α was taught with the world's masks, not learnt from the captions alone."])
 
 
-def test_card_names_the_mass_form_of_supervised_attention():
-    optim = {"optimizer": "adam", "lr": 0.001, "attention_lambda": 1.0, "attention_target": "mass"}
+@pytest.mark.parametrize("target, term", [("mass", "its cells"), ("objects", "each named object's cells")])
+def test_card_names_the_mass_forms_of_supervised_attention(target, term):
+    optim = {"optimizer": "adam", "lr": 0.001, "attention_lambda": 1.0, "attention_target": target}
     config = {"model": {"attention": "hard"}, "training": {"dataset": "d.json", "train_config": {"optim": optim}}}
     lines = [x for x in model_card("m", config, {"split": "test"}).splitlines() if x.startswith("- Attention:")]
-    assert lines == ["- Attention: supervised onto the object each word names (`--attention-lambda 1 --attention-target "
-                     "mass`: −log of α's weight on its cells; not in the paper): α was taught with the world's masks, "
+    assert lines == [f"- Attention: supervised onto the object each word names (`--attention-lambda 1 --attention-target "
+                     f"{target}`: −log of α's weight on {term}; not in the paper): α was taught with the world's masks, "
                      "not learnt from the captions alone."]
 
 
