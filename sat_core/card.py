@@ -16,7 +16,7 @@ from PIL import Image
 
 from sat_core.caption_errors import WordStats
 from sat_core.checkpoint import CARD_FILE, METRICS_FILE, LoadedCheckpoint
-from sat_core.config import PreprocessConfig
+from sat_core.config import PreprocessConfig, attention_term
 from sat_core.data import KarpathyData
 from sat_core.domain import AnnotationReference, DomainReference, mean_annotations
 from sat_core.errors import ImageError
@@ -125,10 +125,8 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
             target = optim.get("attention_target", "cells")
             if optim.get("attention_lambda") and target != "cells":
                 lines += [f"- Attention: supervised onto the object each word names (`--attention-lambda "
-                          f"{optim['attention_lambda']:g} --attention-target {target}`: −log of α's weight on "
-                          + ("its cells" if target == "mass" else "each named object's cells")
-                          + "; not in the paper): α was taught with the world's masks, not learnt from the captions "
-                          "alone."]
+                          f"{optim['attention_lambda']:g} --attention-target {target}`: {attention_term(target)}; "
+                          "not in the paper): α was taught with the world's masks, not learnt from the captions alone."]
             elif optim.get("attention_lambda"):
                 lines += [f"- Attention: supervised towards the object each word names (`--attention-lambda "
                           f"{optim['attention_lambda']:g}`, Liu et al., 2017; not in the paper): α was taught with "

@@ -311,6 +311,13 @@ class DataConfig(Config):
                                  choices=("auto", "on", "off"))
 
 
+def attention_term(target: str) -> str:
+    """``OptimConfig.attention_target`` in words."""
+    return {"mass": "−log of α's weight on the object's cells",
+            "objects": "−log of α's weight on each object's cells, averaged over the objects a word names"}.get(
+        target, "the cross-entropy from the object's cells to α")
+
+
 @dataclass(frozen=True)
 class OptimConfig(Config):
     """The objective's weights, the optimizer and the schedule."""
@@ -357,9 +364,7 @@ class OptimConfig(Config):
     @property
     def attention_term(self) -> str:
         """Supervised attention's term in words (``attention_target``), for cards and the explorer."""
-        return {"mass": "−log of α's weight on the object's cells",
-                "objects": "−log of α's weight on each object's cells, averaged over the objects a word names"}.get(
-            self.attention_target, "the cross-entropy from the object's cells to α")
+        return attention_term(self.attention_target)
 
     def validate(self) -> None:
         if self.lr_final > 1:

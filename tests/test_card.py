@@ -121,7 +121,8 @@ def test_card_says_when_attention_was_supervised(attention_lambda):
         "not in the paper): α was taught with the world's masks, not learnt from the captions alone."])
 
 
-@pytest.mark.parametrize("target, term", [("mass", "its cells"), ("objects", "each named object's cells")])
+@pytest.mark.parametrize("target, term", [("mass", "the object's cells"),
+                                          ("objects", "each object's cells, averaged over the objects a word names")])
 def test_card_names_the_mass_forms_of_supervised_attention(target, term):
     optim = {"optimizer": "adam", "lr": 0.001, "attention_lambda": 1.0, "attention_target": target}
     config = {"model": {"attention": "hard"}, "training": {"dataset": "d.json", "train_config": {"optim": optim}}}
