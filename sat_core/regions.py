@@ -94,23 +94,14 @@ class AttentionTargets:
         """q (B, steps, regions) float32 and which words are linked (B, steps) bool, for the captions
         ``keys`` (Batch.keys); step t is the step that produces word t. ``normalise=False`` keeps the
         linked objects' share of each cell itself (at most 1) instead of a distribution over the cells."""
-        side = math.isqrt(regions)
-        if side * side != regions:
-            raise SatError(f"Supervised attention needs a square grid of regions, not {regions}.")
-        q = np.zeros((len(keys), steps, regions), dtype=np.float32)
-        for b, key in enumerate(keys):
-            image, sentence = self.captions.sentence_of[key]
-            covers = self._image_covers(image, (side, side))
-            for t, ids in self.captions.data.images[image].links[sentence] or []:
-                if t < steps:
-                    q[b, t] = covers[ids[0]] if len(ids) == 1 else sum(covers[o] for o in ids)
-        total = q.sum(-1, keepdims=True)  # (B, steps, 1); 0 where no link (or the objects lie outside the crop)
-        q = np.divide(q, total, out=np.zeros_like(q), where=total > 0) if normalise else np.minimum(q, 1.0)
-        return torch.from_numpy(q), torch.from_numpy(total[..., 0] > 0)
+        q = self.objects(keys, steps, regions).sum(2)  # (B, steps, regions): the word's objects together
+        total = q.sum(-1, keepdim=True)  # (B, steps, 1); 0 where no link (or the objects lie outside the crop)
+        q = torch.where(total > 0, q / total.clamp_min(1e-12), 0.0) if normalise else q.clamp(max=1.0)
+        return q, total[..., 0] > 0
 
     def objects(self, keys: Sequence[int], steps: int, regions: int) -> torch.Tensor:
         """Each linked object's own share of each cell, (B, steps, K, regions) float32 with K the most objects
-        one word names (zeros past a word's objects and for words without links); see ``batch``."""
+        one word names (zeros past a word's objects and for words without links); steps as in ``batch``."""
         side = math.isqrt(regions)
         if side * side != regions:
             raise SatError(f"Supervised attention needs a square grid of regions, not {regions}.")
