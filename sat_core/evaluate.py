@@ -151,8 +151,9 @@ def decode_split(
 
 def word_attention(dec: Decoded, token_objects: dict[int, list[int]]) -> list[dict[str, Any]]:
     """Per generated word matched to exactly one object: share of its α on that object's mask, the uniform
-    baseline (the mask's share of the image) and the ceiling (the most any α on the grid could put on it)."""
-    from sat_core.grounding import attention_ceiling, attention_correctness, word_kind
+    baseline (the mask's share of the image), the ceiling (the most any α on the grid could put on it), α's
+    entropy and the mask's (``grounding.mask_entropy``: α spread over the object as the mask covers the cells)."""
+    from sat_core.grounding import attention_ceiling, attention_correctness, mask_entropy, word_kind
     from sat_core.world import rle_decode
 
     hyp = dec.hypothesis
@@ -165,12 +166,18 @@ def word_attention(dec: Decoded, token_objects: dict[int, list[int]]) -> list[di
         share, baseline = attention_correctness(hyp.alphas[t].reshape(hyp.grid), mask)  # α of step t
         rows.append({"index": t, "word": hyp.words[t], "kind": word_kind(hyp.words[t]),
                      "object": ids[0], "share": share, "baseline": baseline,
-                     "ceiling": attention_ceiling(hyp.grid, mask)})
+                     "ceiling": attention_ceiling(hyp.grid, mask),
+                     "entropy": float(alpha.entropy(hyp.alphas[t])), "mask_entropy": mask_entropy(hyp.grid, mask)})
     return rows
 
 
 def _mean(values: Sequence[float]) -> float | None:
     return float(np.mean(values)) if len(values) else None
+
+
+def _known_mean(values: Sequence[float | None]) -> float | None:
+    """The mean of the values that are known (records written before a field was kept hold None)."""
+    return _mean([v for v in values if v is not None])
 
 
 # ---- records and summaries ------------------------------------------------------------------------
@@ -221,14 +228,20 @@ def image_record(dec: Decoded, scores: dict[str, float], stats: WordStats) -> tu
 
 
 def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """α entropy per generated word over all words; attention correctness over naming words."""
+    """α entropy per generated word over all words and per word kind; attention correctness over naming
+    words, and their α's entropy against that of the objects' masks."""
+    from sat_core.grounding import word_kind
+
     alphas = [d.hypothesis.alphas[: len(d.hypothesis.words)] for d in decoded if d.hypothesis.words]
     L = decoded[0].hypothesis.alphas.shape[1]
     entropy = alpha.entropy(np.concatenate(alphas)) if alphas else np.zeros(0)
+    kinds = [word_kind(w) for d in decoded for w in d.hypothesis.words]
     out: dict[str, Any] = {
         "n_words": int(entropy.size), "regions": L,
         "entropy_nats": _mean(entropy),
         "entropy_normalised": _mean(entropy / math.log(L)) if L > 1 else None,
+        "entropy_by_kind": {k: {"n": len(es), "mean": _mean(es)} for k in WORD_KINDS
+                            if (es := [float(e) for e, kind in zip(entropy, kinds) if kind == k])},
     }
     words = [w for r in records for w in r["words"]]
     if any(d.record.objects is not None for d in decoded):
@@ -236,6 +249,8 @@ def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, An
         share, base = _mean([w["share"] for w in naming]), _mean([w["baseline"] for w in naming])
         ceiling = _mean([w["ceiling"] for w in naming])
         out.update(correctness=share, baseline=base, ceiling=ceiling, n_grounded_words=len(naming),
+                   naming_entropy=_known_mean([w.get("entropy") for w in naming]),
+                   mask_entropy=_known_mean([w.get("mask_entropy") for w in naming]),
                    ratio=share / base if share is not None and base else None,
                    by_kind=correctness_by_kind(words))
     return out
@@ -243,9 +258,12 @@ def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, An
 
 def correctness_by_kind(words: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per word kind present: words (rows of ``word_attention``), mean share of α on their object,
-    mean uniform baseline. Only NAMING_KINDS enter the headline attention correctness."""
+    mean uniform baseline, mean α entropy and mean entropy of the objects' masks (None in records from
+    before they were kept). Only NAMING_KINDS enter the headline attention correctness."""
     return {k: {"n": len(ws), "correctness": _mean([w["share"] for w in ws]),
-                "baseline": _mean([w["baseline"] for w in ws])}
+                "baseline": _mean([w["baseline"] for w in ws]),
+                "entropy": _known_mean([w.get("entropy") for w in ws]),
+                "mask_entropy": _known_mean([w.get("mask_entropy") for w in ws])}
             for k in WORD_KINDS if (ws := [w for w in words if w["kind"] == k])}
 
 
@@ -393,6 +411,9 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
                      + (f"; the most any α on this grid could reach: {_fmt(a['ceiling'])}" if a.get("ceiling") else ""))
     lines.append(f"α entropy per word {_fmt(a['entropy_nats'])} nats "
                  f"({_fmt(a['entropy_normalised'])} of log L, L={a['regions']}) over {a['n_words']} words")
+    if a.get("mask_entropy") is not None:
+        lines.append(f"α entropy on those words {_fmt(a['naming_entropy'])} nats; α spread over each named object "
+                     f"as its mask covers the cells: {_fmt(a['mask_entropy'])} nats")
     if result["beta_by_kind"]:
         lines.append("β by kind: " + "  ".join(f"{k} {v['mean']:.3f}" for k, v in result["beta_by_kind"].items()))
     search = result.get("search")

@@ -324,6 +324,20 @@ def attention_ceiling(grid: tuple[int, int], mask: np.ndarray) -> float:
     return float(_coverage(mask, gh, gw).max())
 
 
+def mask_entropy(grid: tuple[int, int], mask: np.ndarray) -> float | None:
+    """The entropy in nats of α spread over the object as its mask covers the (gh, gw) cells (Liu et al.'s
+    target for supervised attention): what α fitting the mask exactly would have; None for an empty mask."""
+    mask = np.asarray(mask, dtype=bool)
+    (gh, gw), (h, w) = grid, mask.shape
+    if h % gh or w % gw:
+        raise ValueError(f"Mask {h}x{w} does not tile into the {gh}x{gw} attention grid.")
+    cover = _coverage(mask, gh, gw).ravel()
+    if cover.sum() == 0:
+        return None
+    q = cover[cover > 0] / cover.sum()
+    return float(-(q * np.log(q)).sum())
+
+
 def _coverage(mask: np.ndarray, gh: int, gw: int) -> np.ndarray:
     """Share of each grid cell's pixels inside the mask, (gh, gw)."""
     h, w = mask.shape

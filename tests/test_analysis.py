@@ -10,12 +10,17 @@ from tests.explorer.conftest import explorer_env  # noqa: F401  (a fixture)
 
 
 def test_word_type_rows_summarise_records_by_kind():
-    def word(kind, share, baseline):
-        return {"kind": kind, "share": share, "baseline": baseline}
+    def word(kind, share, baseline, entropy=None):
+        return {"kind": kind, "share": share, "baseline": baseline,
+                **({"entropy": entropy, "mask_entropy": entropy / 2} if entropy is not None else {})}
 
-    records = [{"words": [word("shape", 0.6, 0.1), word("count", 0.2, 0.1), word("colour", 0.5, 0.2)]},
-               {"words": [word("shape", 0.2, 0.3)]}, {"words": []}]
+    records = [{"words": [word("shape", 0.6, 0.1, 2.0), word("count", 0.2, 0.1), word("colour", 0.5, 0.2, 3.0)]},
+               {"words": [word("shape", 0.2, 0.3, 1.0)]}, {"words": [word("colour", 0.1, 0.2)]}, {"words": []}]
     rows = {r["kind"]: r for r in word_type_correctness(records)}
+    # α's entropy and its object's mask's, over the words whose records keep them (not those written before)
+    assert rows["shape"]["alpha_entropy"] == 1.5 and rows["shape"]["mask_entropy"] == 0.75
+    assert rows["colour"]["alpha_entropy"] == 3.0 and rows["colour"]["words"] == 2
+    assert rows["count"]["alpha_entropy"] is None and rows["count"]["mask_entropy"] is None
     assert list(rows) == ["shape", "colour", "count"]  # evaluate.WORD_KINDS order
     assert rows["shape"]["words"] == 2 and rows["shape"]["attention_on_object"] == pytest.approx(0.4)
     assert rows["shape"]["uniform_baseline"] == pytest.approx(0.2)
@@ -39,6 +44,7 @@ def test_word_type_rows_equal_evaluate_by_kind(explorer_env):
         expected = by_kind[row["kind"]]
         assert row["words"] == expected["n"] and row["attention_on_object"] == expected["correctness"]
         assert row["uniform_baseline"] == expected["baseline"]
+        assert row["alpha_entropy"] == expected["entropy"] and row["mask_entropy"] == expected["mask_entropy"]
 
 
 

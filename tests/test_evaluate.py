@@ -86,6 +86,14 @@ def test_structure_and_value_ranges(result, checkpoint):
     assert a["n_grounded_words"] > 0, "the namer model names an object in every caption"
     assert 0 <= a["correctness"] <= 1 and 0 < a["baseline"] < 1
     assert a["ratio"] == pytest.approx(a["correctness"] / a["baseline"])
+    by_kind = a["entropy_by_kind"]  # every generated word once, in its kind
+    assert sum(v["n"] for v in by_kind.values()) == a["n_words"]
+    assert sum(v["n"] * v["mean"] for v in by_kind.values()) == pytest.approx(a["n_words"] * a["entropy_nats"])
+    naming = [w for r in result["records"] for w in r["words"] if w["kind"] in NAMING_KINDS]
+    for w in naming:  # α's entropy at the word's step, and the mask's: α spread as the mask covers the cells
+        assert 0 <= w["mask_entropy"] <= math.log(196) and 0 <= w["entropy"] <= math.log(196) + 1e-9
+    assert a["naming_entropy"] == pytest.approx(np.mean([w["entropy"] for w in naming]))
+    assert a["mask_entropy"] == pytest.approx(np.mean([w["mask_entropy"] for w in naming]))
     soft = "soft" in str(checkpoint.parent.name)
     if soft:
         assert result["beta_by_kind"] and all(0 < v["mean"] < 1 for v in result["beta_by_kind"].values())
@@ -162,8 +170,10 @@ def test_attention_correctness_equals_direct_recomputation(checkpoint, world_dat
                 share, _ = attention_correctness(dec.hypothesis.alphas[t].reshape(14, 14), mask)
                 if record["words"][len(expected)]["kind"] in NAMING_KINDS:
                     checked += 1
-                expected.append((share, mask.reshape(14, 8, 14, 8).mean(axis=(1, 3)).max()))
-        got = [value for w in record["words"] for value in (w["share"], w["ceiling"])]
+                cover = mask.reshape(14, 8, 14, 8).mean(axis=(1, 3))
+                q, a = cover[cover > 0] / cover.sum(), dec.hypothesis.alphas[t].astype(np.float64)
+                expected.append((share, cover.max(), -(a * np.log(np.maximum(a, 1e-12))).sum(), -(q * np.log(q)).sum()))
+        got = [value for w in record["words"] for value in (w["share"], w["ceiling"], w["entropy"], w["mask_entropy"])]
         assert got == pytest.approx([value for pair in expected for value in pair], abs=1e-12)
         assert all(w["share"] <= w["ceiling"] + 1e-12 for w in record["words"])
     assert checked > 0

@@ -8,7 +8,7 @@ import pytest
 
 from sat_core import world
 from sat_core.grounding import (
-    ERROR_LABELS, aggregate, attention_ceiling, attention_correctness, ground, parse_caption, word_kind,
+    ERROR_LABELS, aggregate, attention_ceiling, attention_correctness, ground, mask_entropy, parse_caption, word_kind,
 )
 
 
@@ -243,3 +243,16 @@ def test_attention_ceiling_is_the_best_cells_share_and_no_alpha_beats_it():
     assert attention_ceiling((2, 2), small) == 0.25 and max(shares) <= 0.25 + 1e-12
     with pytest.raises(ValueError):
         attention_ceiling((3, 3), small)
+
+
+def test_mask_entropy_is_that_of_alpha_spread_as_the_mask_covers_the_cells():
+    whole = np.zeros((4, 4), bool)
+    whole[0:2, 0:2] = True  # all of one cell: α on it alone
+    assert mask_entropy((2, 2), whole) == 0.0
+    assert mask_entropy((2, 2), np.ones((4, 4), bool)) == pytest.approx(np.log(4))  # every cell alike
+    uneven = whole.copy()
+    uneven[0:2, 2] = True  # half of a second cell: α 2/3 and 1/3
+    assert mask_entropy((2, 2), uneven) == pytest.approx(-(2 / 3 * np.log(2 / 3) + 1 / 3 * np.log(1 / 3)))
+    assert mask_entropy((2, 2), np.zeros((4, 4), bool)) is None  # no object in the crop
+    with pytest.raises(ValueError):
+        mask_entropy((3, 3), whole)

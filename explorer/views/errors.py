@@ -173,6 +173,10 @@ def main() -> None:
     words = word_type_correctness(records)
     if words:
         st.dataframe(pd.DataFrame(words), hide_index=True, width="stretch")
+        st.caption("*alpha_entropy*: α's mean entropy in nats at these words; *mask_entropy*: the entropy α would "
+                   "have spread over the named object exactly as its mask covers the cells. α below it is sharper "
+                   "than the object (on part of it, or elsewhere), above it wider. Empty for evaluation records "
+                   "saved before they were kept: evaluate the checkpoint again.")
     else:
         st.info("No generated word could be grounded to an object, so there is no attention correctness to show.")
     for title, rows, about in (

@@ -64,6 +64,9 @@ def test_error_analysis_shows_evaluates_records(explorer_env):
     kinds = at.dataframe[2].value if len(at.dataframe) > 2 else None
     rows = word_type_correctness(expected["records"])
     assert (kinds is None and not rows) or list(kinds["words"]) == [r["words"] for r in rows]
+    if rows:  # α's entropy beside its object's mask's, explained under the table
+        assert list(kinds["mask_entropy"]) == pytest.approx([r["mask_entropy"] for r in rows])
+        assert any("mask_entropy" in c.value and "sharper" in c.value for c in at.caption)
 
 
 def test_error_analysis_table_filters_and_opens_step_view(explorer_env):
