@@ -172,7 +172,9 @@ def main() -> None:
     st.subheader("Attention correctness per word type")
     words = word_type_correctness(records)
     if words:
-        st.dataframe(pd.DataFrame(words), hide_index=True, width="stretch")
+        st.dataframe(pd.DataFrame(words), hide_index=True, width="stretch",
+                     column_config={name: st.column_config.NumberColumn(name, format="%.3f") for name in
+                                    ("attention_on_object", "uniform_baseline", "alpha_entropy", "mask_entropy")})
         st.caption("*alpha_entropy*: α's mean entropy in nats at these words; *mask_entropy*: the entropy α would "
                    "have spread over the named object exactly as its mask covers the cells. α below it is sharper "
                    "than the object (on part of it, or elsewhere), above it wider. Empty for evaluation records "
