@@ -9,14 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from sat_core.evaluate import NAMING_KINDS, correctness_by_kind
-
-
-def _mean(values: Sequence[float | None]) -> float | None:
-    kept = [v for v in values if v is not None]
-    return float(np.mean(kept)) if kept else None
+from sat_core.evaluate import NAMING_KINDS, correctness_by_kind, mean_of_known
 
 
 def word_type_correctness(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -39,9 +32,9 @@ class Slice:
     def summary(self) -> dict[str, Any]:
         return {
             "slice": self.name, "images": len(self.records),
-            "CIDEr": _mean([r["scores"].get("CIDEr") for r in self.records]),
-            "BLEU-4": _mean([r["scores"].get("BLEU-4") for r in self.records]),
-            "attention_correctness": _mean([r.get("attention_correctness") for r in self.records]),
+            "CIDEr": mean_of_known([r["scores"].get("CIDEr") for r in self.records]),
+            "BLEU-4": mean_of_known([r["scores"].get("BLEU-4") for r in self.records]),
+            "attention_correctness": mean_of_known([r.get("attention_correctness") for r in self.records]),
         }
 
 

@@ -175,8 +175,8 @@ def _mean(values: Sequence[float]) -> float | None:
     return float(np.mean(values)) if len(values) else None
 
 
-def _known_mean(values: Sequence[float | None]) -> float | None:
-    """The mean of the values that are known (records written before a field was kept hold None)."""
+def mean_of_known(values: Sequence[float | None]) -> float | None:
+    """The mean of the values that are known (None: not measured, or records written before a field was kept)."""
     return _mean([v for v in values if v is not None])
 
 
@@ -249,8 +249,8 @@ def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, An
         share, base = _mean([w["share"] for w in naming]), _mean([w["baseline"] for w in naming])
         ceiling = _mean([w["ceiling"] for w in naming])
         out.update(correctness=share, baseline=base, ceiling=ceiling, n_grounded_words=len(naming),
-                   naming_entropy=_known_mean([w.get("entropy") for w in naming]),
-                   mask_entropy=_known_mean([w.get("mask_entropy") for w in naming]),
+                   naming_entropy=mean_of_known([w.get("entropy") for w in naming]),
+                   mask_entropy=mean_of_known([w.get("mask_entropy") for w in naming]),
                    ratio=share / base if share is not None and base else None,
                    by_kind=correctness_by_kind(words))
     return out
@@ -262,8 +262,8 @@ def correctness_by_kind(words: Sequence[dict[str, Any]]) -> dict[str, dict[str, 
     before they were kept). Only NAMING_KINDS enter the headline attention correctness."""
     return {k: {"n": len(ws), "correctness": _mean([w["share"] for w in ws]),
                 "baseline": _mean([w["baseline"] for w in ws]),
-                "entropy": _known_mean([w.get("entropy") for w in ws]),
-                "mask_entropy": _known_mean([w.get("mask_entropy") for w in ws])}
+                "entropy": mean_of_known([w.get("entropy") for w in ws]),
+                "mask_entropy": mean_of_known([w.get("mask_entropy") for w in ws])}
             for k in WORD_KINDS if (ws := [w for w in words if w["kind"] == k])}
 
 
