@@ -305,9 +305,7 @@ def attention_correctness(alpha_grid: np.ndarray, mask: np.ndarray) -> tuple[flo
     if alpha.ndim != 2 or mask.ndim != 2:
         raise ValueError(
             f"Expected α (gh, gw) and mask (H, W); got {alpha.shape} and {mask.shape}.")
-    (gh, gw), (h, w) = alpha.shape, mask.shape
-    if h % gh or w % gw:
-        raise ValueError(f"Mask {h}x{w} does not tile into the {gh}x{gw} attention grid.")
+    gh, gw = alpha.shape
     if (alpha < 0).any() or not np.isfinite(alpha).all() or alpha.sum() <= 0:
         raise ValueError("α must be finite, non-negative and not all zero.")
     inside = float(np.sum(alpha * _coverage(mask, gh, gw)) / np.sum(alpha))
@@ -317,21 +315,13 @@ def attention_correctness(alpha_grid: np.ndarray, mask: np.ndarray) -> tuple[flo
 def attention_ceiling(grid: tuple[int, int], mask: np.ndarray) -> float:
     """The most attention correctness any α on a (gh, gw) grid can reach for this mask: all of α on the
     cell the mask covers most. Below 1 where the object fills no cell whole (a small or thin object)."""
-    mask = np.asarray(mask, dtype=bool)
-    (gh, gw), (h, w) = grid, mask.shape
-    if h % gh or w % gw:
-        raise ValueError(f"Mask {h}x{w} does not tile into the {gh}x{gw} attention grid.")
-    return float(_coverage(mask, gh, gw).max())
+    return float(_coverage(np.asarray(mask, dtype=bool), *grid).max())
 
 
 def mask_entropy(grid: tuple[int, int], mask: np.ndarray) -> float | None:
     """The entropy in nats of α spread over the object as its mask covers the (gh, gw) cells (Liu et al.'s
     target for supervised attention): what α fitting the mask exactly would have; None for an empty mask."""
-    mask = np.asarray(mask, dtype=bool)
-    (gh, gw), (h, w) = grid, mask.shape
-    if h % gh or w % gw:
-        raise ValueError(f"Mask {h}x{w} does not tile into the {gh}x{gw} attention grid.")
-    cover = _coverage(mask, gh, gw).ravel()
+    cover = _coverage(np.asarray(mask, dtype=bool), *grid).ravel()
     if cover.sum() == 0:
         return None
     q = cover[cover > 0] / cover.sum()
@@ -339,6 +329,8 @@ def mask_entropy(grid: tuple[int, int], mask: np.ndarray) -> float | None:
 
 
 def _coverage(mask: np.ndarray, gh: int, gw: int) -> np.ndarray:
-    """Share of each grid cell's pixels inside the mask, (gh, gw)."""
+    """Share of each grid cell's pixels inside the mask, (gh, gw); the mask must tile into the grid."""
     h, w = mask.shape
+    if h % gh or w % gw:
+        raise ValueError(f"Mask {h}x{w} does not tile into the {gh}x{gw} attention grid.")
     return mask.reshape(gh, h // gh, gw, w // gw).mean(axis=(1, 3))
