@@ -15,12 +15,14 @@ from sat_core.evaluate import NAMING_KINDS, correctness_by_kind, mean_of_known
 def word_type_correctness(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Table rows per word kind over ``sat_core.evaluate`` records: words matched to one object, mean α
     share on it, mean uniform baseline, mean α entropy against the mean entropy of the objects' masks (α spread
-    over the object as its mask covers the cells; None in records from before they were kept), and whether the
-    kind enters the headline attention correctness."""
+    over the object as its mask covers the cells), mean α shares on the scene's other objects and on the background
+    beside the named one (None in records from before they were kept), and whether the kind enters the headline
+    attention correctness."""
     by_kind = correctness_by_kind([w for r in records for w in r.get("words") or []])
     return [{"kind": kind, "words": row["n"], "attention_on_object": row["correctness"],
              "uniform_baseline": row["baseline"], "alpha_entropy": row["entropy"],
-             "mask_entropy": row["mask_entropy"], "in_attention_correctness": kind in NAMING_KINDS}
+             "mask_entropy": row["mask_entropy"], "on_other_objects": row["on_other_objects"],
+             "beside_object": row["beside_object"], "in_attention_correctness": kind in NAMING_KINDS}
             for kind, row in by_kind.items()]
 
 

@@ -152,22 +152,38 @@ def decode_split(
 def word_attention(dec: Decoded, token_objects: dict[int, list[int]]) -> list[dict[str, Any]]:
     """Per generated word matched to exactly one object: share of its α on that object's mask, the uniform
     baseline (the mask's share of the image), the ceiling (the most any α on the grid could put on it), α's
-    entropy and the mask's (``grounding.mask_entropy``: α spread over the object as the mask covers the cells)."""
-    from sat_core.grounding import attention_ceiling, attention_correctness, mask_entropy, word_kind
+    entropy and the mask's (``grounding.mask_entropy``: α spread over the object as the mask covers the cells),
+    and where the rest of α went (``grounding.attention_elsewhere``): on the scene's other objects, and on the
+    background beside the named one."""
+    from sat_core.grounding import (attention_ceiling, attention_correctness, attention_elsewhere, mask_entropy,
+                                    word_kind)
     from sat_core.world import rle_decode
 
     hyp = dec.hypothesis
     objects = {o["id"]: o for o in dec.record.objects or []}
+    masks: dict[int, np.ndarray] = {}  # object id -> its mask on the α grid, decoded once per image
+
+    def mask_of(i: int) -> np.ndarray:
+        if i not in masks:
+            masks[i] = mask_on_alpha_grid(rle_decode(objects[i]["mask"]), dec.crop, hyp.grid)
+        return masks[i]
+
     rows = []
     for t, ids in sorted(token_objects.items()):
         if len(ids) != 1 or t >= len(hyp.words):
             continue
-        mask = mask_on_alpha_grid(rle_decode(objects[ids[0]]["mask"]), dec.crop, hyp.grid)
-        share, baseline = attention_correctness(hyp.alphas[t].reshape(hyp.grid), mask)  # α of step t
+        mask, grid_alpha = mask_of(ids[0]), hyp.alphas[t].reshape(hyp.grid)  # α of step t
+        others = np.zeros_like(mask)
+        for i in objects:
+            if i != ids[0]:
+                others |= mask_of(i)
+        share, baseline = attention_correctness(grid_alpha, mask)
+        on_others, beside = attention_elsewhere(grid_alpha, mask, others)
         rows.append({"index": t, "word": hyp.words[t], "kind": word_kind(hyp.words[t]),
                      "object": ids[0], "share": share, "baseline": baseline,
                      "ceiling": attention_ceiling(hyp.grid, mask),
-                     "entropy": float(alpha.entropy(hyp.alphas[t])), "mask_entropy": mask_entropy(hyp.grid, mask)})
+                     "entropy": float(alpha.entropy(hyp.alphas[t])), "mask_entropy": mask_entropy(hyp.grid, mask),
+                     "on_other_objects": on_others, "beside_object": beside})
     return rows
 
 
@@ -251,6 +267,8 @@ def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, An
         out.update(correctness=share, baseline=base, ceiling=ceiling, n_grounded_words=len(naming),
                    naming_entropy=mean_of_known([w.get("entropy") for w in naming]),
                    mask_entropy=mean_of_known([w.get("mask_entropy") for w in naming]),
+                   on_other_objects=mean_of_known([w.get("on_other_objects") for w in naming]),
+                   beside_object=mean_of_known([w.get("beside_object") for w in naming]),
                    ratio=share / base if share is not None and base else None,
                    by_kind=correctness_by_kind(words))
     return out
@@ -258,12 +276,15 @@ def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, An
 
 def correctness_by_kind(words: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per word kind present: words (rows of ``word_attention``), mean share of α on their object,
-    mean uniform baseline, mean α entropy and mean entropy of the objects' masks (None in records from
-    before they were kept). Only NAMING_KINDS enter the headline attention correctness."""
+    mean uniform baseline, mean α entropy, mean entropy of the objects' masks and mean shares of α on the other
+    objects and beside the named one (None in records from before they were kept). Only NAMING_KINDS enter the
+    headline attention correctness."""
     return {k: {"n": len(ws), "correctness": _mean([w["share"] for w in ws]),
                 "baseline": _mean([w["baseline"] for w in ws]),
                 "entropy": mean_of_known([w.get("entropy") for w in ws]),
-                "mask_entropy": mean_of_known([w.get("mask_entropy") for w in ws])}
+                "mask_entropy": mean_of_known([w.get("mask_entropy") for w in ws]),
+                "on_other_objects": mean_of_known([w.get("on_other_objects") for w in ws]),
+                "beside_object": mean_of_known([w.get("beside_object") for w in ws])}
             for k in WORD_KINDS if (ws := [w for w in words if w["kind"] == k])}
 
 
@@ -409,6 +430,10 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         lines.append(f"attention correctness {_fmt(a['correctness'])} vs uniform {_fmt(a['baseline'])} "
                      f"({_fmt(a['ratio'])}x) over {a['n_grounded_words']} words"
                      + (f"; the most any α on this grid could reach: {_fmt(a['ceiling'])}" if a.get("ceiling") else ""))
+    if a.get("on_other_objects") is not None:
+        rest = 1 - a["correctness"] - a["on_other_objects"] - a["beside_object"]
+        lines.append(f"the rest of α on those words: on the scene's other objects {_fmt(a['on_other_objects'])}, "
+                     f"on the background beside the named one {_fmt(a['beside_object'])}, farther {_fmt(rest)}")
     lines.append(f"α entropy per word {_fmt(a['entropy_nats'])} nats "
                  f"({_fmt(a['entropy_normalised'])} of log L, L={a['regions']}) over {a['n_words']} words")
     if a.get("mask_entropy") is not None:

@@ -312,6 +312,25 @@ def attention_correctness(alpha_grid: np.ndarray, mask: np.ndarray) -> tuple[flo
     return inside, float(mask.mean())
 
 
+def attention_elsewhere(alpha_grid: np.ndarray, mask: np.ndarray, others: np.ndarray) -> tuple[float, float]:
+    """Where α went that is not on the named object: (share on the scene's other objects, share on the background
+    beside it — cells within one cell of a cell the object touches, in the part of them no object covers). The
+    rest of α, 1 − correctness − these two, lies on background farther away. ``others``: the other objects'
+    masks together (H, W), pixels of the named object's mask not counted; α as in ``attention_correctness``."""
+    alpha = np.asarray(alpha_grid, dtype=np.float64)
+    gh, gw = alpha.shape
+    named = _coverage(np.asarray(mask, dtype=bool), gh, gw)
+    other = _coverage(np.asarray(others, dtype=bool) & ~np.asarray(mask, dtype=bool), gh, gw)
+    touched = np.pad(named > 0, 1)  # (gh + 2, gw + 2)
+    near = np.zeros((gh, gw), dtype=bool)
+    for dy in range(3):
+        for dx in range(3):
+            near |= touched[dy : dy + gh, dx : dx + gw]  # the 3×3 neighbourhood of each touched cell
+    background = np.clip(1.0 - named - other, 0.0, 1.0)
+    total = alpha.sum()
+    return float(np.sum(alpha * other) / total), float(np.sum(alpha * near * background) / total)
+
+
 def attention_ceiling(grid: tuple[int, int], mask: np.ndarray) -> float:
     """The most attention correctness any α on a (gh, gw) grid can reach for this mask: all of α on the
     cell the mask covers most. Below 1 where the object fills no cell whole (a small or thin object)."""

@@ -12,7 +12,8 @@ from tests.explorer.conftest import explorer_env  # noqa: F401  (a fixture)
 def test_word_type_rows_summarise_records_by_kind():
     def word(kind, share, baseline, entropy=None):
         return {"kind": kind, "share": share, "baseline": baseline,
-                **({"entropy": entropy, "mask_entropy": entropy / 2} if entropy is not None else {})}
+                **({"entropy": entropy, "mask_entropy": entropy / 2, "on_other_objects": share / 2,
+                    "beside_object": share / 4} if entropy is not None else {})}
 
     records = [{"words": [word("shape", 0.6, 0.1, 2.0), word("count", 0.2, 0.1), word("colour", 0.5, 0.2, 3.0)]},
                {"words": [word("shape", 0.2, 0.3, 1.0)]}, {"words": [word("colour", 0.1, 0.2)]}, {"words": []}]
@@ -21,6 +22,8 @@ def test_word_type_rows_summarise_records_by_kind():
     assert rows["shape"]["alpha_entropy"] == 1.5 and rows["shape"]["mask_entropy"] == 0.75
     assert rows["colour"]["alpha_entropy"] == 3.0 and rows["colour"]["words"] == 2
     assert rows["count"]["alpha_entropy"] is None and rows["count"]["mask_entropy"] is None
+    assert rows["shape"]["on_other_objects"] == pytest.approx(0.2) and rows["shape"]["beside_object"] == 0.1
+    assert rows["colour"]["on_other_objects"] == 0.25 and rows["count"]["beside_object"] is None
     assert list(rows) == ["shape", "colour", "count"]  # evaluate.WORD_KINDS order
     assert rows["shape"]["words"] == 2 and rows["shape"]["attention_on_object"] == pytest.approx(0.4)
     assert rows["shape"]["uniform_baseline"] == pytest.approx(0.2)

@@ -94,6 +94,9 @@ def test_structure_and_value_ranges(result, checkpoint):
         assert 0 <= w["mask_entropy"] <= math.log(196) and 0 <= w["entropy"] <= math.log(196) + 1e-9
     assert a["naming_entropy"] == pytest.approx(np.mean([w["entropy"] for w in naming]))
     assert a["mask_entropy"] == pytest.approx(np.mean([w["mask_entropy"] for w in naming]))
+    for key in ("on_other_objects", "beside_object"):  # where the rest of α went, over the same words
+        assert a[key] == pytest.approx(np.mean([w[key] for w in naming]))
+    assert all(w["share"] + w["on_other_objects"] + w["beside_object"] <= 1 + 1e-9 for w in naming)
     soft = "soft" in str(checkpoint.parent.name)
     if soft:
         assert result["beta_by_kind"] and all(0 < v["mean"] < 1 for v in result["beta_by_kind"].values())
@@ -172,8 +175,19 @@ def test_attention_correctness_equals_direct_recomputation(checkpoint, world_dat
                     checked += 1
                 cover = mask.reshape(14, 8, 14, 8).mean(axis=(1, 3))
                 q, a = cover[cover > 0] / cover.sum(), dec.hypothesis.alphas[t].astype(np.float64)
-                expected.append((share, cover.max(), -(a * np.log(np.maximum(a, 1e-12))).sum(), -(q * np.log(q)).sum()))
-        got = [value for w in record["words"] for value in (w["share"], w["ceiling"], w["entropy"], w["mask_entropy"])]
+                rest = np.zeros_like(mask)
+                for i in objects.keys() - {ids[0]}:
+                    rest |= world.rle_decode(objects[i]["mask"])
+                other = (rest & ~mask).reshape(14, 8, 14, 8).mean(axis=(1, 3))
+                rows, cols = np.nonzero(cover)
+                near = np.zeros((14, 14), bool)  # the cells within one cell of one the object touches
+                for r, c in zip(rows, cols):
+                    near[max(r - 1, 0) : r + 2, max(c - 1, 0) : c + 2] = True
+                beside = (a.reshape(14, 14) * near * (1 - cover - other)).sum() / a.sum()
+                expected.append((share, cover.max(), -(a * np.log(np.maximum(a, 1e-12))).sum(), -(q * np.log(q)).sum(),
+                                 (a.reshape(14, 14) * other).sum() / a.sum(), beside))
+        got = [value for w in record["words"] for value in (w["share"], w["ceiling"], w["entropy"], w["mask_entropy"],
+                                                             w["on_other_objects"], w["beside_object"])]
         assert got == pytest.approx([value for pair in expected for value in pair], abs=1e-12)
         assert all(w["share"] <= w["ceiling"] + 1e-12 for w in record["words"])
     assert checked > 0

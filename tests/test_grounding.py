@@ -8,7 +8,7 @@ import pytest
 
 from sat_core import world
 from sat_core.grounding import (
-    ERROR_LABELS, aggregate, attention_ceiling, attention_correctness, ground, mask_entropy, parse_caption, word_kind,
+    ERROR_LABELS, aggregate, attention_ceiling, attention_correctness, attention_elsewhere, ground, mask_entropy, parse_caption, word_kind,
 )
 
 
@@ -227,6 +227,26 @@ def test_attention_correctness_hand_computed_and_errors():
         attention_correctness(np.ones((3, 3)), mask)
     with pytest.raises(ValueError):
         attention_correctness(np.ones(4), mask)
+
+
+def test_attention_elsewhere_splits_alpha_between_other_objects_the_objects_side_and_far_away():
+    named = np.zeros((8, 8), bool)
+    named[0:2, 0:2] = True  # all of cell (0, 0) of a 4×4 grid of 2×2-pixel cells
+    others = np.zeros((8, 8), bool)
+    others[0:2, 2] = True  # half of cell (0, 1), beside the named object
+    others[6:8, 6:8] = True  # all of cell (3, 3), far from it
+    others[0, 0] = True  # a pixel of the named object: counted as the named object's
+    alpha = np.zeros((4, 4))
+    alpha[0, 0] = 0.1  # on the named object
+    alpha[0, 1] = 0.2  # half on the other object, half on the background beside the named one
+    alpha[1, 1] = 0.3  # background, diagonally beside it
+    alpha[3, 3] = 0.15  # on the far object
+    alpha[2, 2] = 0.25  # background two cells away: neither
+    on_others, beside = attention_elsewhere(alpha, named, others)
+    assert on_others == pytest.approx(0.1 + 0.15) and beside == pytest.approx(0.1 + 0.3)
+    assert attention_correctness(alpha, named)[0] + on_others + beside == pytest.approx(1 - 0.25)
+    assert attention_elsewhere(alpha * 4, named, others) == (pytest.approx(on_others), pytest.approx(beside))
+    assert attention_elsewhere(alpha, named, np.zeros((8, 8), bool))[0] == 0.0  # a scene of one object
 
 
 def test_attention_ceiling_is_the_best_cells_share_and_no_alpha_beats_it():

@@ -174,11 +174,14 @@ def main() -> None:
     if words:
         st.dataframe(pd.DataFrame(words), hide_index=True, width="stretch",
                      column_config={name: st.column_config.NumberColumn(name, format="%.3f") for name in
-                                    ("attention_on_object", "uniform_baseline", "alpha_entropy", "mask_entropy")})
+                                    ("attention_on_object", "uniform_baseline", "alpha_entropy", "mask_entropy",
+                                     "on_other_objects", "beside_object")})
         st.caption("*alpha_entropy*: α's mean entropy in nats at these words; *mask_entropy*: the entropy α would "
                    "have spread over the named object exactly as its mask covers the cells. α below it is sharper "
-                   "than the object (on part of it, or elsewhere), above it wider. Empty for evaluation records "
-                   "saved before they were kept: evaluate the checkpoint again.")
+                   "than the object (on part of it, or elsewhere), above it wider. *on_other_objects*: α's share on "
+                   "the scene's other objects; *beside_object*: on the background within one cell of the named object; "
+                   "what is left of 1 lies on background farther away. Empty for evaluation records saved before "
+                   "they were kept: evaluate the checkpoint again.")
     else:
         st.info("No generated word could be grounded to an object, so there is no attention correctness to show.")
     for title, rows, about in (

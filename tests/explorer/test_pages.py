@@ -67,6 +67,9 @@ def test_error_analysis_shows_evaluates_records(explorer_env):
     if rows:  # α's entropy beside its object's mask's, explained under the table
         assert list(kinds["mask_entropy"]) == pytest.approx([r["mask_entropy"] for r in rows])
         assert any("mask_entropy" in c.value and "sharper" in c.value for c in at.caption)
+        for key in ("on_other_objects", "beside_object"):  # where the rest of α went
+            assert list(kinds[key]) == pytest.approx([r[key] for r in rows])
+        assert any("on_other_objects" in c.value and "farther away" in c.value for c in at.caption)
 
 
 def test_error_analysis_table_filters_and_opens_step_view(explorer_env):
