@@ -88,7 +88,9 @@ def save_checkpoint(
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
     try:
         os.chmod(staging, 0o755)  # mkdtemp makes it private; a checkpoint is meant to be shared
-        save_tensors_atomic(staging / WEIGHTS_FILE, state, {"format": FORMAT, "dtype": stored})
+        # One metadata key: safetensors writes its metadata map in no fixed order, so with two keys the same
+        # weights could be saved as different bytes (the stored dtype is each tensor's own, and in config.json).
+        save_tensors_atomic(staging / WEIGHTS_FILE, state, {"format": FORMAT})
         write_json_atomic(staging / CONFIG_FILE, config)
         if metrics:
             write_json_atomic(staging / METRICS_FILE, metrics)

@@ -83,6 +83,14 @@ def test_save_then_load_round_trip(tmp_path: Path, stand_in: StandIn) -> None:
         assert states_equal(tensors, stand_in.state_dict())
 
 
+def test_the_same_weights_are_saved_as_the_same_bytes(tmp_path: Path, stand_in: StandIn) -> None:
+    """A rebuilt or repackaged checkpoint whose weights did not change leaves its weights file unchanged."""
+    files = [save(tmp_path / f"ck{k}", stand_in, dtype=torch.float16) / WEIGHTS_FILE for k in range(6)]
+    assert len({f.read_bytes() for f in files}) == 1
+    _, metadata = read_tensors(files[0])
+    assert metadata == {"format": FORMAT}
+
+
 class CountingStandIn(StandIn):
     """The StandIn with a count head where the Captioner keeps one."""
 
