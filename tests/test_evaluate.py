@@ -97,6 +97,7 @@ def test_structure_and_value_ranges(result, checkpoint):
     for key in ("on_other_objects", "beside_object"):  # where the rest of α went, over the same words
         assert a[key] == pytest.approx(np.mean([w[key] for w in naming]))
     assert all(w["share"] + w["on_other_objects"] + w["beside_object"] <= 1 + 1e-9 for w in naming)
+    assert any(w["on_other_objects"] > 0 for w in naming) and any(w["beside_object"] > 0 for w in naming)
     soft = "soft" in str(checkpoint.parent.name)
     if soft:
         assert result["beta_by_kind"] and all(0 < v["mean"] < 1 for v in result["beta_by_kind"].values())
