@@ -8,7 +8,8 @@ import pytest
 
 from sat_core import world
 from sat_core.grounding import (
-    ERROR_LABELS, aggregate, attention_ceiling, attention_correctness, attention_elsewhere, ground, mask_entropy, parse_caption, word_kind,
+    ERROR_LABELS, aggregate, attention_ceiling, attention_correctness, attention_elsewhere, ground, mask_entropy,
+    parse_caption, word_kind,
 )
 
 
