@@ -3,7 +3,12 @@
     python -m sat_core.world --kind scenes --out data/scenes --train 8000 --val 500 --test 500 --seed 0
 
 A 224×224 image shows 1–4 objects of the categories in ``scenes_catalog`` on a procedural place
-(grass, beach, road, snow, water, room, table, sky; ``scenes_render``). Things standing on the
+(grass, beach, road, snow, water, room, table, sky; ``scenes_render``), each surface in one of its
+styles. Objects vary in scale and may be cut by the image's left or right border.
+
+The *shifted* split (``generate_layout(rng, shifted=True)``) draws only the styles that the other splits
+never draw (``scenes_render.HELD_OUT``) and horizons outside their range (``HORIZONS``): a set for
+measuring how a model holds up beyond the scenes it was trained and selected on. Things standing on the
 ground follow perspective (further up = further away = smaller), are drawn far to near so near
 ones occlude far ones, and cast a soft shadow; flying things are drawn in the sky. Each object's
 mask is its sprite's alpha (>= 50 %) where no later object covers it. Captions come from
@@ -21,11 +26,17 @@ import numpy as np
 
 from sat_core.scenes_assets import sprite
 from sat_core.scenes_catalog import CATEGORIES, PLACE_P, Category
-from sat_core.scenes_render import SIZE, background, light, shadow
+from sat_core.scenes_render import SIZE, background, light, shadow, styles_for
 
 IMAGE_SIZE = SIZE
 MIN_VISIBLE = 0.55  # an occluded object keeps at least this share of its pixels
 _N_P = (0.2, 0.3, 0.3, 0.2)  # P(1..4 objects)
+CUT_P = 0.15  # how often an object may be cut by the left or right border
+MIN_INSIDE = 0.6  # a cut object keeps at least this share of its sprite inside the image
+# The first ground row per kind of place: (low, high) for the usual splits, and for the shifted one
+# (a camera looking further down). Sky scenes have no horizon.
+HORIZONS = {"usual": {"table": (35, 70), "floor": (70, 105), "outdoor": (55, 105)},
+            "shifted": {"table": (18, 32), "floor": (48, 66), "outdoor": (30, 52)}}
 
 
 @dataclass
@@ -54,6 +65,7 @@ class SceneLayout:
     horizon: int  # first ground row (SIZE for an all-sky scene)
     things: list[Thing]  # drawing order: far to near, flying things last
     seed: int  # for the background and lighting
+    styles: dict[str, str] = field(default_factory=dict)  # ground / sky / wall style (scenes_render)
 
 
 def _resized(code: str, colour: str | None, longest: float) -> tuple[np.ndarray, np.ndarray]:
@@ -90,17 +102,21 @@ def _choose_objects(rng: np.random.Generator, place: str, n: int) -> list[tuple[
 def _place_one(rng: np.random.Generator, cat: Category, variant: Any, recolour: str | None,
                place: str, horizon: int) -> Thing | None:
     if cat.air:
-        scale = rng.uniform(0.55, 0.95) if place != "sky" else rng.uniform(0.6, 1.1)
+        scale = rng.uniform(0.45, 1.05) if place != "sky" else rng.uniform(0.5, 1.2)
         bottom_max = min(horizon + 5, SIZE) if place != "sky" else SIZE
     else:
         foot = rng.uniform(horizon + 8, SIZE - 2)
         depth = (foot - horizon) / (SIZE - horizon)  # 0 at the horizon, 1 at the bottom edge
-        scale = (0.4 + 0.6 * depth) * rng.uniform(0.85, 1.1)
+        scale = (0.4 + 0.6 * depth) * rng.uniform(0.7, 1.25)
     alpha, rgb = _resized(variant.code, recolour, cat.height * scale)
     h, w = alpha.shape
     if w >= SIZE - 4 or h >= SIZE - 4:
         return None
-    x0 = int(rng.integers(2, SIZE - w - 1))
+    if rng.random() < CUT_P:  # past the left or right border, keeping MIN_INSIDE of it inside
+        out = int(rng.integers(1, max(2, int(w * (1 - MIN_INSIDE)))))
+        x0 = -out if rng.random() < 0.5 else SIZE - w + out
+    else:
+        x0 = int(rng.integers(2, SIZE - w - 1))
     if cat.air:
         if bottom_max - h - 2 < 2:
             return None
@@ -118,9 +134,11 @@ def _layout_masks(things: list[Thing]) -> bool:
     two things of the same kind overlap (they would read as one)."""
     for t in things:
         full = np.zeros((SIZE, SIZE), bool)
-        x0, y0, x1, y1 = t.box
-        full[y0:y1, x0:x1] = t.alpha >= 0.5
+        (ys, xs), (ss, cs) = _clipped(t.box)
+        full[ys, xs] = t.alpha[ss, cs] >= 0.5
         t.full_mask = full
+        if full.sum() < MIN_INSIDE * (t.alpha >= 0.5).sum():
+            return False
     covered = np.zeros((SIZE, SIZE), bool)
     for t in reversed(things):
         t.mask = t.full_mask & ~covered
@@ -134,12 +152,24 @@ def _layout_masks(things: list[Thing]) -> bool:
     return True
 
 
-def generate_layout(rng: np.random.Generator) -> SceneLayout:
-    """A random place and 1–4 objects on it (each at least MIN_VISIBLE visible)."""
+def _clipped(box: tuple[int, int, int, int]) -> tuple[tuple[slice, slice], tuple[slice, slice]]:
+    """The part of a sprite's box inside the image: (rows, cols) in the image, (rows, cols) in the sprite."""
+    x0, y0, x1, y1 = box
+    cx0, cy0, cx1, cy1 = max(x0, 0), max(y0, 0), min(x1, SIZE), min(y1, SIZE)
+    return ((slice(cy0, cy1), slice(cx0, cx1)),
+            (slice(cy0 - y0, cy1 - y0), slice(cx0 - x0, cx1 - x0)))
+
+
+def generate_layout(rng: np.random.Generator, shifted: bool = False) -> SceneLayout:
+    """A random place and 1–4 objects on it (each at least MIN_VISIBLE visible); ``shifted`` draws the
+    held-out styles and horizons."""
     places = list(PLACE_P)
     place = str(rng.choice(places, p=[PLACE_P[p] for p in places]))
-    horizon = {"sky": SIZE, "table": int(rng.integers(35, 70)), "floor": int(rng.integers(70, 105))}.get(
-        place, int(rng.integers(60, 100)))
+    choices = styles_for(place, shifted)
+    styles = {surface: str(rng.choice(names)) for surface, names in choices.items() if names}
+    ranges = HORIZONS["shifted" if shifted else "usual"]
+    low, high = ranges.get(place, ranges["outdoor"])
+    horizon = SIZE if place == "sky" else int(rng.integers(low, high))
     n = int(rng.choice([1, 2, 3, 4], p=_N_P))
     while True:
         picks = _choose_objects(rng, place, n)
@@ -150,22 +180,23 @@ def generate_layout(rng: np.random.Generator) -> SceneLayout:
             ground = sorted((t for t in things if t.layer == "ground"), key=lambda t: t.foot)
             things = ground + [t for t in things if t.layer == "air"]
             if _layout_masks(things):
-                return SceneLayout(place, horizon, things, int(rng.integers(2**32)))
+                return SceneLayout(place, horizon, things, int(rng.integers(2**32)), styles)
         n = max(1, n - 1)  # crowded: fewer objects
 
 
 def render_layout(layout: SceneLayout) -> np.ndarray:
     """The scene as (224, 224, 3) uint8 RGB; a pure function of the layout."""
     rng = np.random.default_rng(layout.seed)
-    image = background(layout.place, layout.horizon, rng)  # (H, W, 3) float
+    image = background(layout.place, layout.horizon, rng, layout.styles)  # (H, W, 3) float
     shift = rng.uniform(-0.25, 0.25)  # where the light comes from: shadows lean the same way
     strength = rng.uniform(0.25, 0.5)
     for t in layout.things:
         x0, y0, x1, y1 = t.box
         if t.layer == "ground":
             shadow(image, (x0 + x1) / 2, y1 - 1, x1 - x0, shift, strength)
-        a = t.alpha[..., None]
-        image[y0:y1, x0:x1] = image[y0:y1, x0:x1] * (1 - a) + t.rgb * a
+        (ys, xs), (ss, cs) = _clipped(t.box)
+        a = t.alpha[ss, cs][..., None]
+        image[ys, xs] = image[ys, xs] * (1 - a) + t.rgb[ss, cs] * a
     return light(image, rng)
 
 
@@ -224,3 +255,39 @@ def relation_holds(relation: str, a: dict[str, Any], b: dict[str, Any], *, stric
             return same_row and -0.15 * min(aw, bw) <= gap <= 0.35 * max(aw, bw)
         return same_row and gap <= 0.6 * max(aw, bw)
     raise ValueError(f"unknown relation {relation!r}")
+
+
+# ---- training-time variety of the picture itself ----
+
+# How often a training scene is degraded, and how: (name, probability). The ranges differ from the
+# transformation suite's fixed settings (sat_core.transforms) so that the suite stays a measurement.
+PHOTOMETRIC = (("jpeg", 0.10), ("grayscale", 0.07), ("blur", 0.08), ("dark", 0.06), ("bright", 0.04))
+
+
+def photometric(pixels: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, str | None]:
+    """One random degradation of a rendered scene (or none): JPEG at quality 10–50, grayscale, a Gaussian
+    blur of radius 0.6–1.6 px, or a darker (×0.4–0.75) or brighter (×1.2–1.4) exposure. Returns the
+    (224, 224, 3) uint8 picture and what was done, for the image's record."""
+    import io
+
+    from PIL import Image, ImageFilter
+
+    draw = rng.random()
+    for name, p in PHOTOMETRIC:
+        if draw >= p:
+            draw -= p
+            continue
+        image = Image.fromarray(pixels)
+        if name == "jpeg":
+            quality = int(rng.integers(10, 51))
+            buffer = io.BytesIO()
+            image.save(buffer, format="JPEG", quality=quality)
+            return np.asarray(Image.open(buffer).convert("RGB")), f"jpeg {quality}"
+        if name == "grayscale":
+            return np.asarray(image.convert("L").convert("RGB")), name
+        if name == "blur":
+            radius = float(rng.uniform(0.6, 1.6))
+            return np.asarray(image.filter(ImageFilter.GaussianBlur(radius))), f"blur {radius:.1f}"
+        gain = float(rng.uniform(0.4, 0.75) if name == "dark" else rng.uniform(1.2, 1.4))
+        return np.clip(np.rint(pixels * gain), 0, 255).astype(np.uint8), f"exposure {gain:.2f}"
+    return pixels, None

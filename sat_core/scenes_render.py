@@ -1,9 +1,13 @@
 """Procedural places for the scenes world: sky, wall, and ground textures seen in perspective.
 
-``background(place, horizon, rng)`` returns a (224, 224, 3) float image. Ground textures are drawn in
-ground-plane coordinates (u across, v into the distance) and projected, so grass blades, sand
+``background(place, horizon, rng, styles)`` returns a (224, 224, 3) float image. Ground textures are
+drawn in ground-plane coordinates (u across, v into the distance) and projected, so grass blades, sand
 ripples, road markings and floor planks shrink toward the horizon. ``light(image, rng)`` applies
-one random lighting (exposure, colour temperature, a side light, vignette) to a finished scene.
+one random lighting (exposure, colour cast, a side light, vignette) to a finished scene.
+
+Every surface comes in named styles (``GROUND_STYLES``, ``SKY_STYLES``, ``WALL_STYLES``). The styles of
+``HELD_OUT`` are never drawn for the training, validation and test splits: they make the shifted split
+(``sat_core.scenes``), on which generalisation is measured.
 """
 
 from __future__ import annotations
@@ -47,11 +51,36 @@ def _sample(tex: np.ndarray, u: np.ndarray, v: np.ndarray, scale: float) -> np.n
     return tex[iv, iu]
 
 
-def _sky(rng: np.random.Generator, height: int) -> np.ndarray:
-    """Blue (or overcast, or evening) gradient with soft clouds. (height, W, 3)."""
-    kind = rng.choice(["clear", "clear", "overcast", "evening"])
-    top = {"clear": (60, 120, 205), "overcast": (150, 160, 172), "evening": (70, 90, 160)}[kind]
-    low = {"clear": (175, 210, 240), "overcast": (205, 208, 212), "evening": (245, 180, 120)}[kind]
+# The styles of each surface; those in HELD_OUT are drawn only for the shifted split.
+GROUND_STYLES = {
+    "grass": ("meadow", "lush", "mown"),
+    "sand": ("ripples", "dunes", "pebbles"),
+    "snow": ("powder", "crust", "tracks"),
+    "water": ("waves", "calm", "lake"),
+    "road": ("asphalt", "worn", "cobbles"),
+    "floor": ("planks", "tiles", "carpet"),
+    "table": ("wood", "painted", "cloth"),
+}
+SKY_STYLES = ("clear", "overcast", "evening", "dusk")
+WALL_STYLES = ("plain", "stripes")
+HELD_OUT = frozenset({"mown", "pebbles", "tracks", "lake", "cobbles", "carpet", "cloth", "dusk", "stripes"})
+
+
+def styles_for(place: str, shifted: bool) -> dict[str, tuple[str, ...]]:
+    """The styles a scene at ``place`` may draw, per surface (ground, sky, wall): the held-out ones for
+    the shifted split, the others for every other split."""
+    def pick(names: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(n for n in names if (n in HELD_OUT) == shifted)
+
+    return {"ground": pick(GROUND_STYLES.get(place, ())), "sky": pick(SKY_STYLES), "wall": pick(WALL_STYLES)}
+
+
+def _sky(rng: np.random.Generator, height: int, kind: str = "clear") -> np.ndarray:
+    """A sky gradient (clear blue, overcast, evening or dusk) with soft clouds. (height, W, 3)."""
+    top = {"clear": (60, 120, 205), "overcast": (150, 160, 172), "evening": (70, 90, 160),
+           "dusk": (95, 60, 120)}[kind]
+    low = {"clear": (175, 210, 240), "overcast": (205, 208, 212), "evening": (245, 180, 120),
+           "dusk": (235, 150, 170)}[kind]
     top = np.add(top, rng.uniform(-15, 15, 3))
     low = np.add(low, rng.uniform(-10, 10, 3))
     t = np.linspace(0, 1, SIZE)[:height, None, None] if height else np.zeros((0, 1, 1))
@@ -64,52 +93,104 @@ def _sky(rng: np.random.Generator, height: int) -> np.ndarray:
     return sky
 
 
-def _wall(rng: np.random.Generator, height: int) -> np.ndarray:
+def _wall(rng: np.random.Generator, height: int, kind: str = "plain") -> np.ndarray:
     base = rng.choice([(225, 215, 195), (200, 215, 225), (215, 205, 220), (235, 230, 220), (200, 215, 190)])
     base = np.add(base, rng.uniform(-12, 12, 3))
     shade = np.linspace(-14, 6, max(height, 1))[:height, None, None]
     wall = base + shade + 3 * smooth_noise(rng, (height, SIZE), 4, 2)[..., None]
+    if kind == "stripes":  # wallpaper: vertical stripes of a second tone
+        period = rng.uniform(10, 22)
+        stripe = (np.mod(np.arange(SIZE) / period, 1.0) < 0.5)[None, :, None]
+        wall = np.where(stripe, wall * rng.uniform(0.8, 0.9), wall)
     if height > 6:  # skirting board
         wall[-4:] = np.array(base) * 0.55
     return wall
 
 
-def _ground(place: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """The ground texture (h, W, 3) at ground-plane coordinates (u, v)."""
+def _ground(place: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray, style: str = "") -> np.ndarray:
+    """The ground texture (h, W, 3) at ground-plane coordinates (u, v), in one of the place's styles."""
+    style = style or GROUND_STYLES[place][0]
     tex_noise = smooth_noise(rng, (_TEX, _TEX), 8, 4)  # (T, T) tiles the plane
     fine = rng.standard_normal((_TEX, _TEX)).astype(np.float32)
     n = _sample(tex_noise, u, v, 6.0)
     f = _sample(fine, u, v, 40.0)
     if place == "grass":
         base = np.array([85, 145, 55]) + rng.uniform(-20, 20, 3) * [1, 1, 0.5]
-        img = base * (1 + 0.18 * n[..., None] + 0.12 * f[..., None])
+        if style == "lush":  # darker, with clumps of lighter clover
+            base = base * [0.8, 0.9, 0.8]
+            clumps = np.clip(_sample(smooth_noise(rng, (_TEX, _TEX), 16, 2), u, v, 9.0) * 3 - 1, 0, 1)
+            img = base * (1 + 0.15 * n[..., None] + 0.1 * f[..., None] + 0.25 * clumps[..., None])
+        elif style == "mown":  # striped lawn
+            stripes = np.where(np.mod(u, 2.0) < 1.0, 1.12, 0.9)
+            img = base * (stripes * (1 + 0.05 * n + 0.06 * f))[..., None]
+        else:
+            img = base * (1 + 0.18 * n[..., None] + 0.12 * f[..., None])
     elif place == "sand":
         base = np.array([222, 200, 155]) + rng.uniform(-15, 12, 3)
-        ripples = np.sin(v * 3.0 + 1.5 * n + u * 0.3)
-        img = base * (1 + 0.06 * ripples[..., None] + 0.05 * f[..., None] + 0.05 * n[..., None])
+        if style == "dunes":  # long soft swells
+            swell = np.sin(v * 0.8 + 3.0 * n)
+            img = base * (1 + 0.1 * swell[..., None] + 0.03 * f[..., None])
+        elif style == "pebbles":  # grey stones scattered on darker sand
+            stones = _sample(rng.random((_TEX, _TEX)), u, v, 14.0) > 0.9
+            img = np.where(stones[..., None], np.array([140.0, 135, 130]), base * 0.9 * (1 + 0.05 * f[..., None]))
+        else:
+            ripples = np.sin(v * 3.0 + 1.5 * n + u * 0.3)
+            img = base * (1 + 0.06 * ripples[..., None] + 0.05 * f[..., None] + 0.05 * n[..., None])
     elif place == "snow":
         base = np.array([232, 238, 246]) + rng.uniform(-10, 6, 3)
-        img = base * (1 + 0.05 * n[..., None] + 0.015 * f[..., None])
+        if style == "crust":  # icy, blue-grey patches
+            ice = np.clip(n * 2, 0, 1)[..., None]
+            img = base * (1 + 0.02 * f[..., None]) * (1 - 0.12 * ice * np.array([1.0, 0.7, 0.2]))
+        elif style == "tracks":  # ski tracks running into the distance
+            tracks = (np.mod(u + 0.3 * np.sin(v * 0.5), 1.7) < 0.12)[..., None]
+            img = np.where(tracks, base * 0.8, base * (1 + 0.04 * n[..., None]))
+        else:
+            img = base * (1 + 0.05 * n[..., None] + 0.015 * f[..., None])
     elif place == "water":
         base = np.array([50, 115, 175]) + rng.uniform(-20, 20, 3)
-        waves = np.sin(v * 9.0 + 2.0 * n)
-        img = base * (1 + 0.12 * waves[..., None] + 0.04 * f[..., None])
-        img += 60 * np.clip(waves - 0.85, 0, None)[..., None] * 4  # glints
+        if style == "calm":  # smooth, darker, a few ripples
+            img = base * 0.9 * (1 + 0.05 * np.sin(v * 4.0 + n)[..., None] + 0.02 * f[..., None])
+        elif style == "lake":  # green-teal, diagonal streaks
+            base = np.array([45, 120, 110]) + rng.uniform(-15, 15, 3)
+            streaks = np.sin((u + v) * 5.0 + 2.0 * n)
+            img = base * (1 + 0.1 * streaks[..., None] + 0.03 * f[..., None])
+        else:
+            waves = np.sin(v * 9.0 + 2.0 * n)
+            img = base * (1 + 0.12 * waves[..., None] + 0.04 * f[..., None])
+            img += 60 * np.clip(waves - 0.85, 0, None)[..., None] * 4  # glints
     elif place == "road":
         grey = rng.uniform(75, 110)
-        img = grey * (1 + 0.05 * n + 0.1 * f)[..., None] * np.ones(3)
+        if style == "cobbles":  # a grid of rounded stones with dark joints
+            cu, cv = np.mod(u * 2.0, 1.0), np.mod(v * 4.0 + 0.5 * np.floor(u * 2.0), 1.0)
+            joint = (np.minimum(cu, 1 - cu) < 0.08) | (np.minimum(cv, 1 - cv) < 0.08)
+            img = (grey + 25) * (1 - 0.45 * joint + 0.06 * f)[..., None] * np.array([1.05, 1.0, 0.92])
+        elif style == "worn":  # patched, lighter asphalt
+            patches = np.clip(n * 3, -1, 1)
+            img = (grey + 20) * (1 + 0.12 * patches + 0.08 * f)[..., None] * np.ones(3)
+        else:
+            img = grey * (1 + 0.05 * n + 0.1 * f)[..., None] * np.ones(3)
         half = rng.uniform(2.5, 4.0)  # road half-width in plane units
         verge = np.array([95, 140, 60]) if rng.random() < 0.6 else np.array([150, 135, 110])
         img = np.where((np.abs(u) > half)[..., None], verge * (1 + 0.15 * n[..., None]), img)
         line = rng.choice([(235, 235, 230), (235, 200, 50)])
         dashes = (np.abs(u) < 0.08) & (np.mod(v, 1.2) < 0.6)
         img = np.where(dashes[..., None], np.array(line, float), img)
-    else:  # floor / table: wooden planks (or tiles on some floors)
+    else:  # floor / table: wooden planks, tiles, paint, carpet or cloth
         wood = np.array([165, 112, 70]) if place == "floor" else np.array([190, 140, 95])
         wood = wood + rng.uniform(-25, 25) + rng.uniform(-8, 8, 3)
-        if place == "floor" and rng.random() < 0.3:
+        if style == "tiles":
             tiles = (np.floor(u * 1.2) + np.floor(v * 6)) % 2
             img = np.array([215, 212, 205]) * (1 - 0.12 * tiles[..., None] + 0.02 * f[..., None])
+        elif style == "carpet":  # soft, fibrous, one saturated colour
+            colour = np.array(rng.choice([(150, 50, 60), (60, 80, 140), (90, 110, 70)]), float)
+            img = colour * (1 + 0.12 * f[..., None] + 0.08 * n[..., None])
+        elif style == "painted":  # a smooth painted top
+            colour = np.array(rng.choice([(235, 235, 230), (70, 75, 85), (190, 205, 215)]), float)
+            img = colour * (1 + 0.03 * n[..., None] + 0.01 * f[..., None])
+        elif style == "cloth":  # gingham tablecloth
+            check = (np.mod(u, 1.0) < 0.5).astype(float) + (np.mod(v * 5, 1.0) < 0.5)
+            colour = np.array(rng.choice([(200, 50, 50), (50, 90, 180)]), float)
+            img = np.array([245.0, 245, 240]) + (colour - 245) * (check / 2)[..., None]
         else:
             width = 0.9 if place == "floor" else 1.6
             plank = np.floor(u / width)
@@ -120,18 +201,24 @@ def _ground(place: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray) 
     return img
 
 
-def background(place: str, horizon: int, rng: np.random.Generator) -> np.ndarray:
-    """A place as a (224, 224, 3) float image; rows above ``horizon`` are sky (or wall indoors)."""
+def background(place: str, horizon: int, rng: np.random.Generator,
+               styles: dict[str, str] | None = None) -> np.ndarray:
+    """A place as a (224, 224, 3) float image; rows above ``horizon`` are sky (or wall indoors).
+    ``styles`` names the ground, sky and wall styles (each surface's first style where missing)."""
+    styles = styles or {}
     rows, cols = np.arange(SIZE, dtype=np.float64), np.arange(SIZE, dtype=np.float64)
     if place == "sky":
-        return _sky(rng, SIZE)
-    top = _wall(rng, horizon) if place in ("floor", "table") else _sky(rng, horizon)
+        return _sky(rng, SIZE, styles.get("sky", "clear"))
+    if place in ("floor", "table"):
+        top = _wall(rng, horizon, styles.get("wall", "plain"))
+    else:
+        top = _sky(rng, horizon, styles.get("sky", "clear"))
     u, v = _ground_coords(horizon, rows[horizon:], cols)
-    ground = _ground(place, rng, u, v)
+    ground = _ground(place, rng, u, v, styles.get("ground", ""))
     if place == "sand":  # a strip of sea between the beach and the sky
         sea = int(rng.integers(8, 22))
         wu, wv = u[:sea], v[:sea]
-        ground[:sea] = _ground("water", rng, wu, wv)
+        ground[:sea] = _ground("water", rng, wu, wv, "lake" if "pebbles" == styles.get("ground") else "waves")
     if place not in ("floor", "table"):  # haze: the far ground fades into the sky's colour
         haze = np.exp(-(rows[horizon:] - horizon) / 12.0)[:, None, None] * 0.5
         ground = ground * (1 - haze) + haze * top[-1:].mean(axis=1, keepdims=True)
@@ -154,9 +241,10 @@ def shadow(image: np.ndarray, cx: float, foot: float, width: float, rng_shift: f
 
 def light(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """One random lighting over the whole scene, then sensor noise; returns uint8 (H, W, 3)."""
-    exposure = rng.uniform(0.8, 1.12)
-    warm = rng.uniform(-0.07, 0.07)
-    tint = np.array([1 + warm, 1.0, 1 - warm])
+    exposure = rng.uniform(0.7, 1.2)
+    warm = rng.uniform(-0.12, 0.12)  # colour temperature
+    green = rng.uniform(-0.05, 0.05)  # and a green / magenta cast
+    tint = np.array([1 + warm, 1.0 + green, 1 - warm])
     ys, xs = np.mgrid[0:SIZE, 0:SIZE] / SIZE - 0.5
     angle = rng.uniform(0, 2 * np.pi)
     side = 1 + rng.uniform(0, 0.18) * (np.cos(angle) * xs + np.sin(angle) * ys)  # (H, W)

@@ -65,7 +65,7 @@ def ensure_world(cfg: TrainConfig, kind: str = "shapes", caption_order: str | No
     """Generate the preset's world if it is missing; refuse a scenes world whose captions name the objects
     in another order than ``caption_order``, the one the preset trains on (worlds written before the order
     was kept in dataset.json are random-order ones)."""
-    from sat_core.world import SHIPPED_CAPTION_ORDER, generate
+    from sat_core.world import SCENES_VERSION, SHIPPED_CAPTION_ORDER, generate
 
     caption_order = caption_order or SHIPPED_CAPTION_ORDER
 
@@ -73,15 +73,24 @@ def ensure_world(cfg: TrainConfig, kind: str = "shapes", caption_order: str | No
     if path.is_file():
         if kind == "scenes":
             try:
-                order = json.loads(path.read_text()).get("caption_order", "random")
+                meta = json.loads(path.read_text())
             except (OSError, ValueError) as err:
                 raise SatError(f"Cannot read {path} ({err}); delete its folder and run the ship again to "
                                "regenerate the world.") from err
+            order = meta.get("caption_order", "random")
             if order != caption_order:
                 raise SatError(
                     f"{path} names the objects in {order} order, but this preset trains on --caption-order "
                     f"{caption_order}. Move {path.parent} aside (or delete it) and run the ship again: it "
                     "regenerates the world (about 5 minutes on 2 cores).")
+            if meta.get("shifted"):
+                raise SatError(f"{path} is the shifted split, a generalisation set no model trains on; point the "
+                               "preset's data.dataset at the scenes world (data/scenes/dataset.json).")
+            if meta.get("version", 1) != SCENES_VERSION:
+                raise SatError(
+                    f"{path} was written by another version of the scenes world (version {meta.get('version', 1)}, "
+                    f"this one is {SCENES_VERSION}). Move {path.parent} aside (or delete it) and run the ship "
+                    "again: it regenerates the world (about 5 minutes on 2 cores).")
         return
     world = WORLDS[kind]
     generate(Path(cfg.data.images), world["train"], world["val"], world["test"], seed=world["seed"], kind=kind,

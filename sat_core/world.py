@@ -57,6 +57,9 @@ SIZE_WORDS = {"small": "small", "big": "big", "large": "big"}
 COUNT_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4}
 NUMBER_WORDS = {2: "two", 3: "three", 4: "four"}
 CAPTION_ORDERS = ("random", "left_to_right", "largest_first")  # the scenes world's references (sat_core.scenes_captions)
+# The scenes world's generator version, kept in its dataset.json: 2 added surface styles, the shifted split,
+# objects cut by the border, wider scales and degraded training pictures.
+SCENES_VERSION = 2
 SHIPPED_CAPTION_ORDER = "largest_first"  # the default world's order (the shipped scenes_soft was trained on it)
 RELATIONS = ("left_of", "right_of", "above", "below")
 CONVERSE = {"left_of": "right_of", "right_of": "left_of", "above": "below", "below": "above"}
@@ -375,27 +378,32 @@ def caption_records(caps: list[list[tuple[str, list[int] | None]]], n: int) -> l
 
 
 # ---- dataset writing ----
-def _image_rng(seed: int, split: str, index: int) -> np.random.Generator:
-    seq = np.random.SeedSequence(seed, spawn_key=(SPLITS.index(split), index))
+def _image_rng(seed: int, split: str, index: int, shifted: bool = False) -> np.random.Generator:
+    key = (SPLITS.index(split), index, 1) if shifted else (SPLITS.index(split), index)
+    seq = np.random.SeedSequence(seed, spawn_key=key)
     return np.random.default_rng(seq)
 
 
-def _make_image(task: tuple[int, str, int, int, str, str, str]) -> dict[str, Any]:
+def _make_image(task: tuple[int, str, int, int, str, str, str, bool, bool]) -> dict[str, Any]:
     """Generate, render and save one image; return its Karpathy record."""
     from PIL import Image
 
-    seed, split, index, imgid, out_dir, kind, caption_order = task
-    rng = _image_rng(seed, split, index)
+    seed, split, index, imgid, out_dir, kind, caption_order, shifted, augment = task
+    rng = _image_rng(seed, split, index, shifted)
     filename = f"{imgid:06d}.png"
     extra: dict[str, Any] = {}
     if kind == "scenes":
         from sat_core import scenes, scenes_captions
 
-        layout = scenes.generate_layout(rng)
+        layout = scenes.generate_layout(rng, shifted=shifted)
         objects = scenes.layout_objects(layout)
         pixels = scenes.render_layout(layout)
         captions = scenes_captions.describe(objects, layout.place, rng, caption_order=caption_order)
-        extra["place"] = layout.place
+        extra = {"place": layout.place, "styles": layout.styles}
+        if augment and split == "train":
+            pixels, done = scenes.photometric(pixels, rng)
+            if done:
+                extra["degraded"] = done
     else:
         scene = generate_scene(rng)
         objects = scene_objects(scene)
@@ -423,13 +431,16 @@ def _prepare_out_dir(out_dir: Path) -> None:
 
 
 def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: int = 0,
-             workers: int = 2, kind: str = "shapes", caption_order: str = SHIPPED_CAPTION_ORDER) -> Path:
+             workers: int = 2, kind: str = "shapes", caption_order: str = SHIPPED_CAPTION_ORDER,
+             shifted: bool = False, augment: bool = True) -> Path:
     """Write the dataset (images + dataset.json) under out_dir; return the dataset.json path.
 
     kind: "shapes" (this module: 112 px coloured shapes, the fast test world) or "scenes"
     (sat_core.scenes: 224 px everyday objects in places). caption_order (scenes only): "largest_first"
     (the shipped world), "left_to_right" or "random" (sat_core.scenes_captions); a scenes dataset.json
-    records it.
+    records it. shifted (scenes only): draw the held-out styles and horizons (``sat_core.scenes``) — the
+    shifted split, written as a dataset of its own whose images no other split shares. augment (scenes
+    only): degrade some training pictures (``scenes.photometric``); validation and test pictures never.
     """
     if kind not in KINDS:
         raise SatError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}.")
@@ -443,7 +454,7 @@ def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: i
     tasks, imgid = [], 0
     for split in SPLITS:
         for index in range(counts[split]):
-            tasks.append((seed, split, index, imgid, str(out_dir), kind, caption_order))
+            tasks.append((seed, split, index, imgid, str(out_dir), kind, caption_order, shifted, augment))
             imgid += 1
     try:
         if workers == 1 or len(tasks) < 2:
@@ -455,7 +466,8 @@ def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: i
         path = out_dir / "dataset.json"
         name, size = ("sat_scenes", 224) if kind == "scenes" else ("sat_world", IMAGE_SIZE)
         data = {"dataset": name, "kind": kind, "seed": seed, "image_size": size,
-                **({"caption_order": caption_order} if kind == "scenes" else {}), "images": images}
+                **({"caption_order": caption_order, "version": SCENES_VERSION, "shifted": shifted,
+                    "augment": augment} if kind == "scenes" else {}), "images": images}
         path.write_text(json.dumps(data, separators=(",", ":")))
     except OSError as err:
         raise DatasetError(f"Cannot write the dataset under {out_dir} ({err}); "
@@ -492,11 +504,17 @@ def main(argv: list[str] | None = None) -> None:
                    help="scenes: name the largest group of identical objects first and equal ones left to right "
                         "(the shipped world: 'two trucks and an umbrella'; 'left of' is the one horizontal "
                         "relation), every group left to right, or in random order")
+    p.add_argument("--shifted", action="store_true",
+                   help="scenes: draw surface styles and horizons the other splits never draw (a generalisation "
+                        "set; use --train 0 --val 0 --test N and its own --out)")
+    p.add_argument("--no-augment", action="store_true",
+                   help="scenes: keep every training picture as rendered (by default some are degraded: JPEG, "
+                        "grayscale, blur, exposure)")
     args = p.parse_args(argv)
     start = time.perf_counter()
     try:
         path = generate(args.out, args.train, args.val, args.test, args.seed, args.workers, args.kind,
-                        args.caption_order)
+                        args.caption_order, shifted=args.shifted, augment=not args.no_augment)
     except SatError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from err

@@ -58,9 +58,9 @@ def test_masks_are_the_sprites_alpha_minus_what_covers_them():
         records = scenes.layout_objects(layout)
         covered = np.zeros((224, 224), bool)
         for thing, record in zip(reversed(layout.things), reversed(records)):
-            x0, y0, x1, y1 = thing.box
+            (ys, xs), (ss, cs) = scenes._clipped(thing.box)
             placed = np.zeros((224, 224), bool)
-            placed[y0:y1, x0:x1] = thing.alpha >= 0.5
+            placed[ys, xs] = thing.alpha[ss, cs] >= 0.5
             expected = placed & ~covered
             assert np.array_equal(world.rle_decode(record["mask"]), expected)
             assert record["area"] == int(expected.sum()) >= scenes.MIN_VISIBLE * placed.sum()
@@ -76,10 +76,10 @@ def test_object_pixels_show_the_sprite():
     layout = scenes.generate_layout(np.random.default_rng(3))
     image = scenes.render_layout(layout).astype(float)
     for thing in layout.things:
-        x0, y0, x1, y1 = thing.box
-        opaque = (thing.alpha > 0.99) & thing.mask[y0:y1, x0:x1]
-        drawn = image[y0:y1, x0:x1][opaque]
-        corr = np.corrcoef(drawn.mean(axis=1), thing.rgb[opaque].mean(axis=1))[0, 1]
+        (ys, xs), (ss, cs) = scenes._clipped(thing.box)
+        opaque = (thing.alpha[ss, cs] > 0.99) & thing.mask[ys, xs]
+        drawn = image[ys, xs][opaque]
+        corr = np.corrcoef(drawn.mean(axis=1), thing.rgb[ss, cs][opaque].mean(axis=1))[0, 1]
         assert corr > 0.8
 
 
@@ -334,3 +334,70 @@ def test_training_with_tune_blocks_trains_only_those_blocks_and_saves_them(runs,
         images = train.normalise(trainer.store.images[:2], trainer.preprocess)
         direct = trainer.model.encode(images).feats  # (2, 196, 112)
         assert torch.allclose(trainer._annotations([0, 1]), direct, atol=0.05 * float(direct.abs().max()))
+
+
+def test_some_objects_are_cut_by_the_border_and_keep_most_of_themselves_inside():
+    cut = 0
+    for seed in range(60):
+        layout = scenes.generate_layout(np.random.default_rng(seed))
+        for thing in layout.things:
+            x0, _, x1, _ = thing.box
+            if x0 < 0 or x1 > 224:
+                cut += 1
+                inside = thing.full_mask.sum()
+                assert inside >= scenes.MIN_INSIDE * (thing.alpha >= 0.5).sum()
+                assert thing.mask.any()
+    assert cut >= 5
+
+
+def test_the_shifted_split_shares_no_surface_style_or_horizon_with_training(tmp_path):
+    from sat_core.scenes_render import HELD_OUT
+
+    usual = json.loads(world.generate(tmp_path / "u", 40, 5, 5, seed=1, kind="scenes").read_text())
+    shifted = json.loads(world.generate(tmp_path / "s", 0, 0, 40, seed=1, kind="scenes", shifted=True).read_text())
+    assert shifted["shifted"] is True and usual["shifted"] is False
+    usual_styles = {(s, v) for im in usual["images"] for s, v in im["styles"].items()}
+    shifted_styles = {(s, v) for im in shifted["images"] for s, v in im["styles"].items()}
+    assert usual_styles and shifted_styles and not usual_styles & shifted_styles
+    assert {v for _, v in shifted_styles} <= HELD_OUT and not {v for _, v in usual_styles} & HELD_OUT
+    # the ground starts higher in every shifted scene than the usual splits ever draw
+    for place in ("grass", "floor", "table"):
+        low = scenes.HORIZONS["usual"].get(place, scenes.HORIZONS["usual"]["outdoor"])[0]
+        high = scenes.HORIZONS["shifted"].get(place, scenes.HORIZONS["shifted"]["outdoor"])[1]
+        assert high <= low
+    for seed in range(20):
+        layout = scenes.generate_layout(np.random.default_rng(seed), shifted=True)
+        if layout.place != "sky":
+            ranges = scenes.HORIZONS["shifted"]
+            low, high = ranges.get(layout.place, ranges["outdoor"])
+            assert low <= layout.horizon < high
+
+
+def test_only_training_pictures_are_degraded_and_each_says_how(tmp_path):
+    path = world.generate(tmp_path / "w", 80, 20, 20, seed=2, kind="scenes")
+    images = json.loads(path.read_text())["images"]
+    degraded = [im for im in images if "degraded" in im]
+    assert degraded and all(im["split"] == "train" for im in degraded)
+    names = {im["degraded"].split()[0] for im in degraded}
+    assert names <= {"jpeg", "grayscale", "blur", "exposure"}
+    for im in degraded:
+        if im["degraded"] == "grayscale":
+            with Image.open(tmp_path / "w" / im["filepath"] / im["filename"]) as img:
+                pixels = np.asarray(img).astype(int)
+            assert (pixels[..., 0] == pixels[..., 1]).all() and (pixels[..., 1] == pixels[..., 2]).all()
+    plain = world.generate(tmp_path / "p", 80, 0, 0, seed=2, kind="scenes", augment=False)
+    assert not any("degraded" in im for im in json.loads(plain.read_text())["images"])
+
+
+def test_photometric_keeps_the_picture_size_and_changes_it_as_named():
+    pixels = scenes.render_layout(scenes.generate_layout(np.random.default_rng(0)))
+    seen = set()
+    for seed in range(200):
+        out, name = scenes.photometric(pixels, np.random.default_rng(seed))
+        assert out.shape == pixels.shape and out.dtype == np.uint8
+        if name is None:
+            assert out is pixels
+        else:
+            seen.add(name.split()[0])
+            assert np.abs(out.astype(int) - pixels).mean() > 0.3
+    assert seen == {"jpeg", "grayscale", "blur", "exposure"}
