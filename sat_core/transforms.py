@@ -19,8 +19,8 @@ names, ids and schema). Transforms that move objects regenerate the references f
 objects with ``scenes_captions.describe`` (the source's caption order, seeded per image), so flipped
 references state mirrored relations and cropped ones never name a dropped object; photometric transforms
 leave the objects as they are and keep the source's references, so their figures differ from the test
-split's by the pixels alone. ``full_bbox`` and ``foot`` describe the whole sprite and may reach beyond
-the image after a crop.
+split's by the pixels alone. As in the generator's records, ``full_bbox`` is the whole sprite's box within
+the image and ``foot`` its bottom row, which a crop may push below the image.
 """
 
 from __future__ import annotations
@@ -100,10 +100,10 @@ def _rescale(image: np.ndarray, objects: Objects, window: Box, dest: Box, *, min
         canvas[dy0:dy1, dx0:dx1] = _resize_mask(inside, size)
         if not canvas.any():
             continue
-        fx, fy, fw, fh = o["full_bbox"]
-        left, top = to_x(fx), to_y(fy)
-        moved.append(_with_mask(o, canvas, full_bbox=[left, top, to_x(fx + fw) - left, to_y(fy + fh) - top],
-                                foot=to_y(o["foot"])))
+        fx, fy, fw, fh = o["full_bbox"]  # the whole sprite's box within the image, as the generator keeps it
+        left, top = max(to_x(fx), 0), max(to_y(fy), 0)
+        right, bottom = min(to_x(fx + fw), W), min(to_y(fy + fh), H)
+        moved.append(_with_mask(o, canvas, full_bbox=[left, top, right - left, bottom - top], foot=to_y(o["foot"])))
     return out, moved
 
 
