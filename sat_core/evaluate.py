@@ -30,6 +30,7 @@ import torch
 
 from sat_core import cli
 from sat_core import alpha
+from sat_core import generalisation
 from sat_core.caption_errors import WordStats, check_against_references
 from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint
 from sat_core.io import write_json_atomic
@@ -483,6 +484,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "caption is a search error, else the caption's mistakes are the model's (slower)")
     p.add_argument("--card", action="store_true",
                    help="also write metrics.json, eval_records.json and MODEL_CARD.md into the checkpoint folder")
+    suite, shifted = generalisation.DEFAULT_SUITE, generalisation.DEFAULT_SHIFTED
+    p.add_argument("--generalisation", nargs="?", const=str(suite), metavar="SUITE_DIR",
+                   help="also evaluate the shifted split and each transformed set under SUITE_DIR (python -m "
+                        f"sat_core.transforms writes them; default {suite}): the output's \"generalisation\", "
+                        "one row per set")
+    p.add_argument("--shifted", metavar="PATH",
+                   help=f"the shifted split's dataset.json for the generalisation figures (default {shifted}, skipped "
+                        "if absent)")
     return p
 
 
@@ -500,6 +509,10 @@ def main(argv: list[str] | None = None) -> int:
             with _progress_bar() as progress:
                 result = evaluate(loaded, data, args.split, cfg, limit=args.limit, meteor=not args.no_meteor,
                                   batch_size=args.batch_size, progress=progress, search_errors=args.search_errors)
+            if args.generalisation is not None or args.shifted is not None:
+                result["generalisation"] = generalisation.report(
+                    loaded, cfg, result, data, suite_dir=args.generalisation, shifted=args.shifted, limit=args.limit,
+                    batch_size=args.batch_size)
         write_json_atomic(args.out, result)
         if args.records:
             write_json_atomic(args.records, result["records"])
@@ -515,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     for message in result["skipped"]:
         print(f"skipped: {message}", file=sys.stderr)
     print("\n".join(summary_lines(result)))
+    if "generalisation" in result:
+        print("\n".join(generalisation.table_lines(result["generalisation"])))
     print(f"wrote {args.out}" + (f" and {args.records}" if args.records else ""))
     if args.card:
         print(f"wrote {', '.join(written)} into {loaded.path}")

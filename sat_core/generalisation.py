@@ -1,0 +1,180 @@
+"""How a checkpoint holds up off its generator: the in-distribution split beside a shifted split and the
+transformation suite (``sat_core.transforms``).
+
+    python -m sat_core.evaluate --checkpoint checkpoints/scenes_soft --data data/scenes/dataset.json \
+        --images data/scenes --out metrics.json --generalisation [data/scenes_suite] \
+        [--shifted data/scenes_shifted/dataset.json]
+
+Every set is evaluated by ``evaluate.evaluate_images`` — the decoding, metrics and grounding the
+in-distribution figures come from — and reduced to one row of figures (``set_figures``). On the
+flipped set the row also holds the mirror figure (``mirror_agreement``): of the left/right statements
+in the captions of the original scenes about a pair of objects that the caption of the flipped copy
+also places left/right, the share whose direction is mirrored.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sat_core.config import DecodeConfig
+from sat_core.checkpoint import LoadedCheckpoint
+from sat_core.data import KarpathyData, load_karpathy
+from sat_core.errors import DatasetError
+
+DEFAULT_SUITE = Path("data/scenes_suite")
+DEFAULT_SHIFTED = Path("data/scenes_shifted/dataset.json")
+SHIFTED = "shifted"
+FLIP = "hflip"
+
+
+# ---- figures of one evaluated set -----------------------------------------------------------------------
+
+def category_recall(records: Sequence[dict[str, Any]], data: KarpathyData) -> float | None:
+    """Mean over captions of the share of the scene's objects matched by a mention of their category, whatever
+    colour it states (the grounding's recall also asks for the right colour)."""
+    objects = {r.id: r.objects for r in data.images if r.objects}
+    shares = []
+    for rec in records:
+        scene, g = objects.get(rec["image_id"]), rec.get("grounding")
+        if not scene or g is None or "category" not in scene[0]:  # the shapes world names no categories
+            continue
+        category = {o["id"]: o["category"] for o in scene}
+        named = {i for m, ids in zip(g["parsed"]["mentions"], g["matches"]) for i in ids
+                 if category[i] == m["category"]}
+        shares.append(len(named) / len(scene))
+    return float(np.mean(shares)) if shares else None
+
+
+def set_figures(result: dict[str, Any], data: KarpathyData) -> dict[str, Any]:
+    """One set's row from ``evaluate.evaluate_images``' result on it (None: not measurable there)."""
+    g, a = result["grounded"], result["attention"]
+    return {
+        "n_images": result["n_images"],
+        "BLEU-4": result["corpus"].get("BLEU-4"), "CIDEr": result["corpus"].get("CIDEr"),
+        "precision": g.get("precision"), "recall": g.get("recall"),
+        "category_recall": category_recall(result["records"], data),
+        "count_accuracy": g.get("count_accuracy"), "relation_accuracy": g.get("relation_accuracy"),
+        "relations_stated": g.get("relations_stated"),
+        "attention_correctness": a.get("correctness"), "attention_ratio": a.get("ratio"),
+        "alpha_entropy": a.get("entropy_nats"),
+        "empty_captions": sum(not r["tokens"] for r in result["records"]),
+    }
+
+
+# ---- the mirror figure -------------------------------------------------------------------------------------
+
+def left_right_statements(grounding: dict[str, Any]) -> list[tuple[int, int]]:
+    """(left object id, right object id) for every pair of objects a caption's left/right relations place, from
+    its grounding (``Grounding.to_dict`` as in the evaluation records): "a dog to the right of a car" about dog
+    0 and car 1 gives (1, 0)."""
+    out = []
+    for rel in grounding["parsed"]["relations"]:
+        if rel["relation"] not in ("left_of", "right_of"):
+            continue
+        for a in grounding["matches"][rel["a"]]:
+            for b in grounding["matches"][rel["b"]]:
+                out.append((a, b) if rel["relation"] == "left_of" else (b, a))
+    return out
+
+
+def mirror_agreement(pairs: Iterable[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """Over (grounding of the original scene's caption, grounding of its mirror image's caption) with the same
+    object ids: ``stated`` left/right statements about a pair of objects in the originals, ``surviving`` those
+    whose pair the flipped caption also places left/right, ``mirrored`` those it places the other way round
+    (every time it places them), ``share`` = mirrored / surviving."""
+    stated = surviving = mirrored = 0
+    for original, flipped in pairs:
+        said = left_right_statements(flipped)
+        for left, right in left_right_statements(original):
+            stated += 1
+            about = [s for s in said if set(s) == {left, right}]
+            if about:
+                surviving += 1
+                mirrored += all(s == (right, left) for s in about)
+    return {"stated": stated, "surviving": surviving, "mirrored": mirrored,
+            "share": mirrored / surviving if surviving else None}
+
+
+def _mirror_of(original: Sequence[dict[str, Any]], flipped: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    by_id = {r["image_id"]: r for r in original if r.get("grounding")}
+    return mirror_agreement((by_id[r["image_id"]]["grounding"], r["grounding"]) for r in flipped
+                            if r.get("grounding") and r["image_id"] in by_id)
+
+
+# ---- the sets ---------------------------------------------------------------------------------------------------
+
+def find_sets(suite_dir: str | Path | None, shifted: str | Path | None) -> list[tuple[str, Path]]:
+    """(name, dataset.json) of the shifted split and each suite folder, suite transforms in their order.
+
+    ``shifted`` None: ``DEFAULT_SHIFTED``, skipped with a warning when absent; a path given must exist."""
+    from sat_core.transforms import NAMES
+
+    found: list[tuple[str, Path]] = []
+    path = Path(shifted) if shifted is not None else DEFAULT_SHIFTED
+    if path.is_file():
+        found.append((SHIFTED, path))
+    elif shifted is not None:
+        raise DatasetError(f"The shifted split {path} does not exist; pass the dataset.json of a shifted scenes world.")
+    else:
+        warnings.warn(f"no shifted split at {path}: not evaluated (pass --shifted PATH)", stacklevel=2)
+    if suite_dir is not None:
+        suite = Path(suite_dir)
+        folders = sorted((p for p in suite.glob("*/dataset.json")),
+                         key=lambda p: (NAMES.index(p.parent.name) if p.parent.name in NAMES else len(NAMES),
+                                        p.parent.name))
+        if not folders:
+            raise DatasetError(f"{suite} holds no transformed sets; write them with python -m sat_core.transforms "
+                               f"--data data/scenes/dataset.json --out {suite}.")
+        found += [(p.parent.name, p) for p in folders]
+    return found
+
+
+def _indices(data: KarpathyData, split: str, limit: int | None) -> list[int]:
+    """The split's images (all of them where the file has none of that split), the first ``limit``."""
+    indices = [i for i, r in enumerate(data.images) if r.split == split] or list(range(len(data.images)))
+    return indices[:limit] if limit else indices
+
+
+def report(loaded: LoadedCheckpoint, cfg: DecodeConfig, result: dict[str, Any], data: KarpathyData, *,
+           suite_dir: str | Path | None = DEFAULT_SUITE, shifted: str | Path | None = None,
+           limit: int | None = None, batch_size: int = 32) -> dict[str, dict[str, Any]]:
+    """{set name: figures} for the in-distribution ``result`` (``evaluate.evaluate``'s, on ``data``; named by its
+    split) and each set of ``find_sets``, every set decoded and scored by ``evaluate.evaluate_images``."""
+    from sat_core.evaluate import evaluate_images
+
+    out = {result.get("split", "test"): set_figures(result, data)}
+    for name, path in find_sets(suite_dir, shifted):
+        shifted_data = load_karpathy(path, path.parent)
+        indices = _indices(shifted_data, result.get("split", "test"), limit)
+        # METEOR is not among the figures: skip its JVM start per set
+        scored = evaluate_images(loaded, shifted_data, indices, cfg, meteor=False, batch_size=batch_size)
+        out[name] = set_figures(scored, shifted_data)
+        if name == FLIP:
+            out[name]["mirror"] = _mirror_of(result["records"], scored["records"])
+    return out
+
+
+def table_lines(figures: dict[str, dict[str, Any]]) -> list[str]:
+    """One row per set: the columns of ``set_figures``, and the mirror figure under the table."""
+    columns = [("images", "n_images"), ("BLEU-4", "BLEU-4"), ("CIDEr", "CIDEr"), ("prec", "precision"),
+               ("recall", "recall"), ("cat.rec", "category_recall"), ("count", "count_accuracy"),
+               ("relation", "relation_accuracy"), ("att.corr", "attention_correctness"), ("×unif", "attention_ratio"),
+               ("α entr", "alpha_entropy"), ("empty", "empty_captions")]
+
+    def cell(v: Any) -> str:
+        return "n/a" if v is None else str(v) if isinstance(v, int) else f"{v:.3f}"
+
+    width = max(len(n) for n in figures) + 2
+    lines = ["set".ljust(width) + "".join(f"{head:>9}" for head, _ in columns)]
+    lines += [name.ljust(width) + "".join(f"{cell(f.get(key)):>9}" for _, key in columns)
+              for name, f in figures.items()]
+    mirror = figures.get(FLIP, {}).get("mirror")
+    if mirror:
+        lines.append(f"{FLIP}: {mirror['mirrored']} of the {mirror['surviving']} left/right statements whose pair the "
+                     f"flipped caption also places are mirrored ({cell(mirror['share'])}; {mirror['stated']} stated)")
+    return lines

@@ -1,0 +1,115 @@
+"""Generalisation figures: the mirror figure and category recall on hand-made captions, and
+``python -m sat_core.evaluate --generalisation`` writing one row per set, each equal to evaluating that set."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from sat_core import cli, transforms, world
+from sat_core.checkpoint import load_checkpoint, save_checkpoint
+from sat_core.config import PreprocessConfig
+from sat_core.data import ImageRecord, KarpathyData, build_vocab, load_karpathy
+from sat_core.evaluate import build_parser, evaluate, main
+from sat_core.generalisation import category_recall, left_right_statements, mirror_agreement, set_figures
+from sat_core.grounding import ground
+from sat_core.models.captioner import Captioner
+from tests.conftest import tiny_config
+
+
+def _thing(oid: int, category: str, colour: str, x: int) -> dict:
+    box = [x, 120, 50, 50]
+    return {"id": oid, "category": category, "colour": colour, "layer": "ground", "bbox": box, "full_bbox": box,
+            "foot": 170, "centroid": [x + 25.0, 145.0], "area": 2500}
+
+
+# a brown dog (0) left of a red car (1) and another brown dog (2) on the far left
+SCENE = [_thing(0, "dog", "brown", 60), _thing(1, "car", "red", 150), _thing(2, "dog", "brown", 0)]
+
+
+def _g(caption: str, objects=SCENE[:2]) -> dict:
+    return ground(caption.split(), objects).to_dict()
+
+
+def test_left_right_statements_read_pairs_of_objects():
+    assert left_right_statements(_g("a dog to the left of a car")) == [(0, 1)]
+    assert left_right_statements(_g("a car on the right of a dog")) == [(0, 1)]
+    assert left_right_statements(_g("a dog above a car")) == []
+    assert left_right_statements(_g("a dog left of a cat")) == [], "a hallucinated object places nothing"
+    assert sorted(left_right_statements(_g("two dogs left of a car", SCENE))) == [(0, 1), (2, 1)]
+
+
+def test_mirror_agreement_on_hand_made_captions():
+    pairs = [
+        (_g("a dog to the left of a car"), _g("a car to the left of a dog")),  # mirrored
+        (_g("a dog left of a car"), _g("a dog on the right of a car")),  # mirrored, other wording
+        (_g("a car on the right of a dog"), _g("a dog left of a car")),  # kept its direction
+        (_g("a dog left of a car"), _g("a dog and a car")),  # the pair is not placed again
+        (_g("a dog above a car"), _g("a car above a dog")),  # not left/right
+    ]
+    assert mirror_agreement(pairs) == {"stated": 4, "surviving": 3, "mirrored": 2, "share": pytest.approx(2 / 3)}
+    assert mirror_agreement([])["share"] is None
+
+
+def test_category_recall_ignores_colour():
+    record = ImageRecord(path=None, split="test", sentences=[["a"]], raw=["a"], id=7, karpathy_split="test",
+                         objects=SCENE[:2])
+    data = KarpathyData([record], json_path=None, images_dir=None)
+    records = [{"image_id": 7, "grounding": _g("a red dog and a blue car")}]
+    assert records[0]["grounding"]["recall"] == 0.0
+    assert category_recall(records, data) == 1.0
+    assert category_recall([{"image_id": 7, "grounding": _g("a red dog")}], data) == 0.5
+
+
+@pytest.fixture(scope="module")
+def world_and_model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("generalisation")
+    path = world.generate(root / "scenes", 6, 0, 5, seed=2, workers=1, kind="scenes")
+    shifted = world.generate(root / "shifted", 0, 0, 3, seed=9, workers=1, kind="scenes")
+    transforms.write_suite(path, path.parent, root / "suite")
+    data = load_karpathy(path, path.parent)
+    vocab = build_vocab(data, min_count=1)
+    torch.manual_seed(0)
+    config = tiny_config(len(vocab), attention="soft")
+    checkpoint = root / "ckpt"
+    save_checkpoint(checkpoint, Captioner(config).eval(), model_config=config, vocab=vocab,
+                    preprocess=PreprocessConfig(112))
+    return root, path, shifted, checkpoint
+
+
+def test_evaluate_cli_writes_the_figures_of_every_set(world_and_model, tmp_path, capsys):
+    root, path, shifted, checkpoint = world_and_model
+    out = tmp_path / "metrics.json"
+    args = ["--checkpoint", str(checkpoint), "--data", str(path), "--images", str(path.parent), "--beam", "2",
+            "--max-len", "6", "--no-meteor", "--device", "cpu", "--out", str(out),
+            "--generalisation", str(root / "suite"), "--shifted", str(shifted)]
+    code = main(args)
+    assert code == 0
+    figures = json.loads(out.read_text())["generalisation"]
+    assert list(figures) == ["test", "shifted", *transforms.NAMES]
+    keys = {"n_images", "BLEU-4", "CIDEr", "precision", "recall", "category_recall", "count_accuracy",
+            "relation_accuracy", "attention_correctness", "attention_ratio", "alpha_entropy", "empty_captions"}
+    assert all(keys <= set(f) for f in figures.values())
+    assert figures["shifted"]["n_images"] == 3 and figures["hflip"]["n_images"] == 5
+    assert set(figures["hflip"]["mirror"]) == {"stated", "surviving", "mirrored", "share"}
+    printed = capsys.readouterr().out
+    assert all(any(line.startswith(name + " ") for line in printed.splitlines()) for name in figures)
+    # each row is what evaluating that set gives: the one evaluation path
+    loaded = load_checkpoint(checkpoint)
+    cfg = cli.decode_config(build_parser().parse_args(args), loaded.decode_defaults())
+    for name, json_path in [("test", path), ("crop", root / "suite" / "crop" / "dataset.json")]:
+        data = load_karpathy(json_path, json_path.parent)
+        direct = set_figures(evaluate(loaded, data, "test", cfg, meteor=False), data)
+        assert figures[name] == pytest.approx(direct, nan_ok=True)
+    assert all(np.isfinite(f["alpha_entropy"]) for f in figures.values())
+
+
+def test_a_missing_suite_is_an_error_that_says_how_to_write_it(world_and_model, tmp_path, capsys):
+    _, path, _, checkpoint = world_and_model
+    code = main(["--checkpoint", str(checkpoint), "--data", str(path), "--images", str(path.parent), "--beam", "1",
+                 "--max-len", "4", "--no-meteor", "--device", "cpu", "--out", str(tmp_path / "m.json"),
+                 "--generalisation", str(tmp_path / "nowhere")])
+    assert code == 2 and "python -m sat_core.transforms" in capsys.readouterr().err
