@@ -66,6 +66,30 @@ def set_figures(result: dict[str, Any], data: KarpathyData) -> dict[str, Any]:
     }
 
 
+# ---- the out-of-domain warning ----------------------------------------------------------------------------
+
+def warned_share(loaded: LoadedCheckpoint, data: KarpathyData, indices: Sequence[int]) -> float | None:
+    """The share of the images that the explorer's out-of-domain check (``domain.DomainReference``, the
+    checkpoint's own training statistics) warns about; None where the checkpoint stored none."""
+    from sat_core.domain import DomainReference, mean_annotations
+    from sat_core.images import load_and_preprocess
+
+    stored = (loaded.config.get("training") or {}).get("domain")
+    if not stored or not indices:
+        return None
+    reference = DomainReference.from_dict(stored)
+    warned = 0
+    for start in range(0, len(indices), 32):
+        loaded_images = [load_and_preprocess(data.images[i].path, loaded.preprocess) for i in indices[start:start + 32]]
+        annotations = [None] * len(loaded_images)
+        if reference.annotations is not None:
+            import torch
+
+            annotations = list(mean_annotations(loaded.model, torch.stack([t for t, _, _ in loaded_images])))
+        warned += sum(reference.check(image, a).far for (_, image, _), a in zip(loaded_images, annotations))
+    return warned / len(indices)
+
+
 # ---- the mirror figure -------------------------------------------------------------------------------------
 
 def left_right_statements(grounding: dict[str, Any]) -> list[tuple[int, int]]:
@@ -147,13 +171,16 @@ def report(loaded: LoadedCheckpoint, cfg: DecodeConfig, result: dict[str, Any], 
     split) and each set of ``find_sets``, every set decoded and scored by ``evaluate.evaluate_images``."""
     from sat_core.evaluate import evaluate_images
 
-    out = {result.get("split", "test"): set_figures(result, data)}
+    split = result.get("split", "test")
+    out = {split: set_figures(result, data)}
+    out[split]["warned"] = warned_share(loaded, data, _indices(data, split, limit or result.get("n_images")))
     for name, path in find_sets(suite_dir, shifted):
         shifted_data = load_karpathy(path, path.parent)
-        indices = _indices(shifted_data, result.get("split", "test"), limit)
+        indices = _indices(shifted_data, split, limit)
         # METEOR is not among the figures: skip its JVM start per set
         scored = evaluate_images(loaded, shifted_data, indices, cfg, meteor=False, batch_size=batch_size)
         out[name] = set_figures(scored, shifted_data)
+        out[name]["warned"] = warned_share(loaded, shifted_data, indices)
         if name == FLIP:
             out[name]["mirror"] = _mirror_of(result["records"], scored["records"])
     return out
@@ -164,7 +191,7 @@ def table_lines(figures: dict[str, dict[str, Any]]) -> list[str]:
     columns = [("images", "n_images"), ("BLEU-4", "BLEU-4"), ("CIDEr", "CIDEr"), ("prec", "precision"),
                ("recall", "recall"), ("cat.rec", "category_recall"), ("count", "count_accuracy"),
                ("relation", "relation_accuracy"), ("att.corr", "attention_correctness"), ("×unif", "attention_ratio"),
-               ("α entr", "alpha_entropy"), ("empty", "empty_captions")]
+               ("α entr", "alpha_entropy"), ("empty", "empty_captions"), ("warned", "warned")]
 
     def cell(v: Any) -> str:
         return "n/a" if v is None else str(v) if isinstance(v, int) else f"{v:.3f}"

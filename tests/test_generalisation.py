@@ -14,7 +14,9 @@ from sat_core.checkpoint import load_checkpoint, save_checkpoint
 from sat_core.config import PreprocessConfig
 from sat_core.data import ImageRecord, KarpathyData, build_vocab, load_karpathy
 from sat_core.evaluate import build_parser, evaluate, main
-from sat_core.generalisation import category_recall, left_right_statements, mirror_agreement, set_figures
+from sat_core.generalisation import (
+    category_recall, left_right_statements, mirror_agreement, set_figures, warned_share,
+)
 from sat_core.grounding import ground
 from sat_core.models.captioner import Captioner
 from tests.conftest import tiny_config
@@ -103,7 +105,9 @@ def test_evaluate_cli_writes_the_figures_of_every_set(world_and_model, tmp_path,
     for name, json_path in [("test", path), ("crop", root / "suite" / "crop" / "dataset.json")]:
         data = load_karpathy(json_path, json_path.parent)
         direct = set_figures(evaluate(loaded, data, "test", cfg, meteor=False), data)
-        assert figures[name] == pytest.approx(direct, nan_ok=True)
+        row = {k: v for k, v in figures[name].items() if k != "warned"}
+        assert row == pytest.approx(direct, nan_ok=True)
+    assert all(f["warned"] is None for f in figures.values())  # this checkpoint stored no domain statistics
     assert all(np.isfinite(f["alpha_entropy"]) for f in figures.values())
 
 
@@ -113,3 +117,30 @@ def test_a_missing_suite_is_an_error_that_says_how_to_write_it(world_and_model, 
                  "--max-len", "4", "--no-meteor", "--device", "cpu", "--out", str(tmp_path / "m.json"),
                  "--generalisation", str(tmp_path / "nowhere")])
     assert code == 2 and "python -m sat_core.transforms" in capsys.readouterr().err
+
+
+def test_warned_share_counts_the_images_the_domain_check_warns_about(world_and_model, tmp_path):
+    """With the checkpoint's domain statistics taken from the world's own pictures, its pictures are not
+    warned about and grey noise is."""
+    from PIL import Image
+
+    from sat_core.domain import DomainReference
+
+    root, path, _, checkpoint = world_and_model
+    loaded = load_checkpoint(checkpoint)
+    data = load_karpathy(path, path.parent)
+    pictures = [Image.open(r.path).convert("RGB") for r in data.images]
+    loaded.config.setdefault("training", {})["domain"] = DomainReference.from_images(pictures).to_dict()
+    indices = list(range(len(data.images)))
+    assert warned_share(loaded, data, indices) == 0.0
+    noise = tmp_path / "noise"
+    noise.mkdir()
+    rng = np.random.default_rng(0)
+    for r in data.images:
+        grey = rng.integers(0, 255, (224, 224), dtype=np.uint8)
+        Image.fromarray(np.repeat(grey[..., None], 3, -1)).save(noise / r.path.name)
+    noisy = KarpathyData([ImageRecord(noise / r.path.name, r.split, r.sentences, r.raw, r.id, r.karpathy_split)
+                          for r in data.images], noise / "dataset.json", noise)
+    assert warned_share(loaded, noisy, indices) == 1.0
+    loaded.config["training"].pop("domain")
+    assert warned_share(loaded, data, indices) is None
