@@ -17,11 +17,6 @@ from explorer.maps import METHODS, NORMS, MapSettings
 from explorer.settings import DataSource, ServerSettings, source_for
 
 UPLOAD_TYPES = ["png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff"]
-# The count head's weight when its ranking is switched on for a checkpoint evaluated without it (on the shipped
-# soft model's validation scenes every weight from 0.1 to 1 ranked the same captions first).
-COUNT_PRIOR = 1.0
-RELATION_PRIOR = 1.0  # the weight a model without figures ranks by when the box is ticked
-RELATION_CHOICE = 4.0  # and its weight among the wordings of one statement (the shipped models' validated value)
 
 
 def checkpoint_names(paths: list[str], roots: tuple[Path, ...]) -> dict[str, str]:
@@ -64,9 +59,7 @@ def _checkpoint_ui(settings: ServerSettings) -> tuple[dict[str, str], str | None
 def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
     st.sidebar.subheader("Decoding")
     if loaded is not None:  # the decoding the checkpoint's figures were measured with
-        state.follow_checkpoint(name, {"beam": loaded.beam_size, "lnorm": loaded.length_norm,
-                                       "kinds": loaded.one_mention_per_kind, "distinct": loaded.distinct_content,
-                                       "counts": loaded.count_prior > 0, "relations": loaded.relation_prior > 0})
+        state.follow_checkpoint(name, {"beam": loaded.beam_size, "lnorm": loaded.length_norm})
     for key, low, high in (("beam", 1, 10), ("maxlen", 3, 40), ("lnorm", 0.0, 1.0)):
         state.clamp(key, low, high)
     beam = st.sidebar.slider("Beam size", 1, 10, key="beam",
@@ -78,33 +71,6 @@ def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
         help="Beam search ranks finished captions by log p / length^x: 0 sums the words' log-probabilities "
              "(short captions win), 1 averages them. Greedy decoding (beam 1) does not use it. Set to the "
              "value the checkpoint was evaluated with whenever a checkpoint is chosen.")
-    kinds = st.sidebar.checkbox(
-        "One mention per kind", key="kinds",
-        help="Scenes world: a category may be named again only in another colour (\"two red apples and a "
-             "green apple\"), as every reference caption of the world is written; blocks \"two dogs and a "
-             "dog\". Set to what the checkpoint was evaluated with whenever a checkpoint is chosen.")
-    distinct = st.sidebar.checkbox(
-        "Distinct captions in the beam", key="distinct", disabled=beam == 1,
-        help="Scenes world: the beam keeps one caption per content — what it says about counts, colours, "
-             "objects and relations — so \"a photo of two dogs on the grass\" and \"two dogs in a park\" do not "
-             "take two of its places; the ranking by the count head then chooses among different statements. "
-             "Greedy decoding (beam 1) does not use it. Set to what the checkpoint was evaluated with whenever "
-             "a checkpoint is chosen.")
-    head = loaded is not None and loaded.model.decoder.count_head is not None
-    counts = st.sidebar.checkbox(
-        "Rank by the count head", key="counts", disabled=not head,
-        help="Models trained with a count head (--count-lambda): of the captions beam search finished, prefer "
-             "the one whose stated counts the head believes (score + log p_head(counts)); nothing else "
-             "changes. Greedy decoding and the step-through have one caption, so it changes nothing there. "
-             "Set to what the checkpoint was evaluated with whenever a checkpoint is chosen.")
-    judge = loaded is not None and getattr(loaded.model.decoder, "relation_judge", None) is not None
-    relations = st.sidebar.checkbox(
-        "Rank by the relation judge", key="relations", disabled=not judge,
-        help="Models with a relation judge (python -m sat_core.relation_judge): of the captions beam search "
-             "finished, prefer the ones whose relations (\"left of\", \"above\", \"in front of\") agree with "
-             "where the judge sees each category, and of the captions naming the same objects, the one whose "
-             "relations it believes most; nothing else changes. Set to what the checkpoint was evaluated "
-             "with whenever a checkpoint is chosen.")
     state.keep_choice("hard_mode", ["expect", "sample"])
     hard_mode = st.sidebar.radio(
         "Hard attention at test time", ["expect", "sample"], key="hard_mode", horizontal=True,
@@ -120,11 +86,7 @@ def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
                                 "AVX512-BF16), else fp32; bf16 gives the same best caption as fp32 for 98–99 % "
                                 "of the shipped models' test scenes (README, Benchmarks).")
     return DecodeConfig(beam_size=beam, max_len=max_len, length_norm=float(length_norm), hard_mode=hard_mode,
-                        seed=seed, one_mention_per_kind=bool(kinds), distinct_content=bool(distinct),
-                        count_prior=(loaded.count_prior or COUNT_PRIOR) if counts and head else 0.0,
-                        relation_prior=(loaded.relation_prior or RELATION_PRIOR) if relations and judge else 0.0,
-                        relation_choice=((loaded.relation_choice if loaded.relation_prior else RELATION_CHOICE)
-                                         if relations and judge else 0.0))
+                        seed=seed)
 
 
 def _image_ui(data: DataSource, loaded) -> tuple:

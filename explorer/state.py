@@ -25,9 +25,7 @@ from explorer.settings import ServerSettings
 _BOOL = {"1": True, "true": True, "0": False, "false": False}
 URL_WIDGETS: dict[str, Callable[[str], Any]] = {
     "ckpt": str, "cmp_soft": str, "cmp_hard": str, "source": str, "scene": int, "beam": int, "maxlen": int,
-    "lnorm": float, "kinds": lambda v: _BOOL[v.lower()],
-    "distinct": lambda v: _BOOL[v.lower()], "counts": lambda v: _BOOL[v.lower()],
-    "relations": lambda v: _BOOL[v.lower()], "hard_mode": str,
+    "lnorm": float, "hard_mode": str,
     "seed": int, "method": str,
     "sigma": float, "norm": str, "opacity": float,
     "cmap": str, "coverage": lambda v: _BOOL[v.lower()], "masks": lambda v: _BOOL[v.lower()],
@@ -41,19 +39,17 @@ URL_WIDGETS: dict[str, Callable[[str], Any]] = {
 URL_WIDGETS.update({"closer_word": int, "err_labels": lambda v: [x for x in v.split(",") if x], "err_sort": str})
 PAGE_DEFAULTS = {"closer_word": 0, "err_sort": "CIDEr ↑ (worst first)"}  # not applied up front: pages own them
 _DECODE = DecodeConfig()
-DECODE_WIDGETS = {"beam": "beam_size", "maxlen": "max_len", "lnorm": "length_norm",
-                  "kinds": "one_mention_per_kind", "distinct": "distinct_content", "hard_mode": "hard_mode", "seed": "seed"}
+DECODE_WIDGETS = {"beam": "beam_size", "maxlen": "max_len", "lnorm": "length_norm", "hard_mode": "hard_mode",
+                  "seed": "seed"}
 DEFAULTS: dict[str, Any] = {
     "source": "Gallery scene", **{key: getattr(_DECODE, name) for key, name in DECODE_WIDGETS.items()},
-    "counts": bool(_DECODE.count_prior), "relations": bool(_DECODE.relation_prior),
     "method": "nearest", "sigma": 0.0, "norm": "word", "opacity": 0.6, "cmap": "viridis",
     "coverage": False, "masks": False, "follow": True,
     "cmp_source": "soft", "cmp_step": 1, "cmp_seed": 0, "cmp_n": 5, "ew_mode": "exclude",
 }
 STEP, FORCED = "step", "forced"  # plain state of the step-through view
-# Widget defaults that come from the selected checkpoint (its evaluation's beam, length normalisation and
-# one-mention-per-kind rule, ranking by its count head), with the checkpoint they came from:
-# {"for": name, "beam": 5, "lnorm": 1.0, "kinds": True, "distinct": True, "counts": True}.
+# Widget defaults that come from the selected checkpoint (its evaluation's beam and length normalisation), with the
+# checkpoint they came from: {"for": name, "beam": 5, "lnorm": 1.0}.
 CHECKPOINT_DEFAULT = "_checkpoint_default"
 
 

@@ -36,7 +36,7 @@ def followed_tokens(ctx: Context) -> list[int]:
 
 def _key(ctx: Context) -> tuple:
     d = ctx.decode
-    return (ctx.ckpt_key, ctx.image.key, d.max_len, d.hard_mode, d.seed, d.one_mention_per_kind)
+    return (ctx.ckpt_key, ctx.image.key, d.max_len, d.hard_mode, d.seed)
 
 
 def current_session(ctx: Context) -> tuple[DecodeSession, str | None]:

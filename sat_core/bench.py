@@ -463,19 +463,14 @@ def run_decode(devices: list[torch.device], *, quick: bool = False, precision: s
 # ---- agreement: bf16 vs fp32 on a checkpoint's split ----------------------------------------------------
 
 def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam: int, max_len: int,
-                  device: torch.device, limit: int = 0, length_norm: float = 0.0,
-                  one_mention_per_kind: bool | None = None) -> dict[str, Any]:
-    """Best captions in fp32 and bf16 for every image of ``split``: the share that agree, both BLEU-4s.
-    ``one_mention_per_kind`` None: as the checkpoint's metrics were measured; its count head ranks the
-    captions, and its beam keeps distinct contents, when its metrics were measured so (``count_prior``,
-    ``distinct_content``)."""
+                  device: torch.device, limit: int = 0, length_norm: float = 0.0) -> dict[str, Any]:
+    """Best captions in fp32 and bf16 for every image of ``split``: the share that agree, both BLEU-4s."""
     from sat_core.checkpoint import load_checkpoint
     from sat_core.data import EvalImages, ImageStore, load_karpathy, normalise
     from sat_core.metrics import caption_metrics
 
     loaded = load_checkpoint(checkpoint)
     model = loaded.model.to(device).eval()
-    rule = loaded.one_mention_per_kind if one_mention_per_kind is None else one_mention_per_kind
     data = load_karpathy(data_path, images)
     store = ImageStore(data, loaded.preprocess, splits=(split,), progress=False)
     evals = EvalImages(data, split, store, batch_size=64)
@@ -488,9 +483,8 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
         batch = normalise(batch.to(device), loaded.preprocess)
         for p in captions:
             started = time.perf_counter()
-            # the checkpoint's own decoding (distinct contents, count head, relation judge), with this run's beam
             cfg = dataclasses.replace(loaded.decode_defaults(), beam_size=beam, max_len=max_len,
-                                      length_norm=length_norm, precision=p, one_mention_per_kind=rule)
+                                      length_norm=length_norm, precision=p)
             hyps = beam_search(model, batch, loaded.vocab, cfg)
             seconds[p] += time.perf_counter() - started
             for i, h in zip(ids, hyps):
@@ -500,9 +494,7 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
     bleu = {p: caption_metrics(refs, c, meteor=False).corpus["BLEU-4"] for p, c in captions.items()}
     same = sum(captions["fp32"][i] == captions["bf16"][i] for i in refs)
     return {"checkpoint": checkpoint, "split": split, "images": len(refs), "beam": beam,
-            "length_norm": length_norm, "one_mention_per_kind": rule, "distinct_content": loaded.distinct_content,
-            "count_prior": loaded.count_prior, "relation_prior": loaded.relation_prior,
-            "relation_choice": loaded.relation_choice, "device": device.type,
+            "length_norm": length_norm, "device": device.type,
             "same_best_caption": same / max(len(refs), 1), "bleu4_fp32": bleu["fp32"], "bleu4_bf16": bleu["bf16"],
             "bleu4_delta": bleu["bf16"] - bleu["fp32"], "seconds_fp32": seconds["fp32"],
             "seconds_bf16": seconds["bf16"],
@@ -708,9 +700,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--length-norm", type=float, default=0.0,
                    help="agreement: beam search's length normalisation (the scenes models are evaluated with 1)")
     p.add_argument("--limit", type=int, default=0, help="agreement: first N images only (0: all)")
-    p.add_argument("--one-mention-per-kind", action=argparse.BooleanOptionalAction, default=None,
-                   help="agreement: the scenes world's one-mention-per-kind rule (default: as the checkpoint's "
-                        "metrics were measured)")
     return p
 
 
@@ -761,14 +750,9 @@ def _run_command(args: argparse.Namespace, devices: list[torch.device]) -> dict[
     """The command's figures, its tables printed."""
     if args.what == "agreement":
         figures = run_agreement(args.checkpoint, args.data, args.images, args.split, args.beam, args.max_len,
-                                devices[-1], args.limit, args.length_norm, args.one_mention_per_kind)
-        prior = f", count prior {figures['count_prior']:g}" if figures["count_prior"] else ""
-        prior += f", relation prior {figures['relation_prior']:g}" if figures.get("relation_prior") else ""
-        prior += f", relation choice {figures['relation_choice']:g}" if figures.get("relation_choice") else ""
+                                devices[-1], args.limit, args.length_norm)
         print(f"{figures['checkpoint']} {figures['split']} split, {figures['images']} images, beam "
-              f"{figures['beam']}, length normalisation {figures['length_norm']}"
-              f"{', one mention per kind' if figures['one_mention_per_kind'] else ''}"
-              f"{', distinct contents' if figures['distinct_content'] else ''}{prior}, {figures['device']}: "
+              f"{figures['beam']}, length normalisation {figures['length_norm']}, {figures['device']}: "
               "same best caption in bf16 and fp32 for "
               f"{100 * figures['same_best_caption']:.1f} %; BLEU-4 fp32 {figures['bleu4_fp32']:.4f}, "
               f"bf16 {figures['bleu4_bf16']:.4f} (Δ {figures['bleu4_delta']:+.4f}); decoding "

@@ -31,7 +31,7 @@ from PIL import Image
 from sat_core import cli
 from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint
 from sat_core.config import DecodeConfig, PreprocessConfig
-from sat_core.decoding import Hypothesis, beam_search, check_decoding, pick_device
+from sat_core.decoding import Hypothesis, beam_search, pick_device
 from sat_core.errors import ImageError, SatError
 from sat_core.images import crop_for_display, load_image, preprocess
 from sat_core.io import atomic_write
@@ -211,7 +211,6 @@ def main(argv: list[str] | None = None) -> int:
             cli.decode_config(args)  # bad values are reported before the checkpoint is read
             loaded = load_checkpoint(args.checkpoint, device=pick_device(args.device))
             cfg = cli.decode_config(args, loaded.decode_defaults())
-            check_decoding(loaded.model, cfg)
             outputs = _Outputs.open(args, stack)
         except SatError as err:
             print(f"error: {err}", file=sys.stderr)

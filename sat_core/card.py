@@ -16,7 +16,7 @@ from PIL import Image
 
 from sat_core.caption_errors import WordStats
 from sat_core.checkpoint import CARD_FILE, METRICS_FILE, LoadedCheckpoint
-from sat_core.config import PreprocessConfig, attention_term
+from sat_core.config import PreprocessConfig
 from sat_core.data import KarpathyData
 from sat_core.domain import AnnotationReference, DomainReference, mean_annotations
 from sat_core.errors import ImageError
@@ -88,30 +88,13 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
     lines += [
         "", "## Model",
         f"- Encoder: {model.get('encoder', '?')} ({_training_of_encoder(model)}); "
-        f"annotations of {model.get('feature_dim', '?')} dimensions"
-        f"{' plus each cell’s (x, y) position' if model.get('position') else ''} at "
+        f"annotations of {model.get('feature_dim', '?')} dimensions at "
         f"{config.get('preprocess', {}).get('image_size', '?')} px.",
         f"- Decoder: LSTM {model.get('hidden_dim', '?')}, embedding {model.get('embed_dim', '?')}, attention MLP "
         f"{model.get('attn_dim', '?')}, vocabulary {model.get('vocab_size', '?')} words, gate β "
         f"{'on' if model.get('gate') and model.get('attention') == 'soft' else 'off'}; (h_0, c_0) from "
-        + (f"a {model['init_cells']}-wide per-cell layer, summed and layer-normalised (so it can count)."
-           if model.get("init_cells") else "the mean annotation."),
+        "the mean annotation.",
     ]
-    if model.get("count_head"):
-        pairs, counter = model.get("count_colours"), model.get("colour_counter")
-        lines += [f"- Count head on that sum: how many (0–4) of each of {model['count_head']} categories"
-                  + (f" and of each of {pairs} (category, colour) pairs" if pairs and not counter else "")
-                  + " (`--count-lambda`)"
-                  + (f"; the {pairs} (category, colour) pairs by a colour counter {counter} wide, fitted after "
-                     "training (`sat_core.colour_counter`)" if pairs and counter else "")
-                  + "; decoding reads it only to rank finished captions (`--count-prior`)."]
-        if model.get("relation_judge"):
-            feet = " and where its feet stand" if model.get("relation_feet", True) else ""
-            lines += [f"- Relation judge on the annotations, {model['relation_judge']} wide: where each category lies{feet} "
-                      "(maps over the cells), fitted "
-                      "after training (`sat_core.relation_judge`); decoding reads it only to rank finished captions "
-                      "by the relations they state (`--relation-prior`) and to choose, among the captions naming the "
-                      "same objects, the wording of their relations (`--relation-choice`)."]
     if training.get("dataset"):
         lines += ["", "## Training", f"- Data: `{training['dataset']}`; epoch {training.get('epoch', '?')}, "
                                      f"step {training.get('step', '?')}."]
@@ -122,27 +105,14 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
                         if optim.get("lr_schedule") == "cosine"
                         else f"{optim.get('lr', '?')} throughout")
             lines += [f"- Optimiser: {optim.get('optimizer', '?')}, learning rate {schedule}."]
-            target = optim.get("attention_target", "cells")
-            if optim.get("attention_lambda") and target != "cells":
-                lines += [f"- Attention: supervised onto the object each word names (`--attention-lambda "
-                          f"{optim['attention_lambda']:g} --attention-target {target}`: {attention_term(target)}; "
-                          "not in the paper): α was taught with the world's masks, not learnt from the captions alone."]
-            elif optim.get("attention_lambda"):
+            if optim.get("attention_lambda"):
                 lines += [f"- Attention: supervised towards the object each word names (`--attention-lambda "
                           f"{optim['attention_lambda']:g}`, Liu et al., 2017; not in the paper): α was taught with "
                           "the world's masks, not learnt from the captions alone."]
     lines += ["", f"## {str(metrics.get('split', 'evaluation')).capitalize()} split "
                   f"({metrics.get('n_images', '?')} images, beam {metrics.get('beam', '?')}, "
                   f"length normalisation {metrics.get('length_norm', 0.0)}, "
-                  + ("one mention per kind, " if metrics.get("one_mention_per_kind") else "")
-                  + ("one caption per content in the beam, " if metrics.get("distinct_content") else "")
-                  + (f"ranked by the count head (count prior {metrics['count_prior']:g}), "
-                     if metrics.get("count_prior") else "")
-                  + (f"and by the relation judge (relation prior {metrics['relation_prior']:g}), "
-                     if metrics.get("relation_prior") else "")
-                  + (f"its wording of the relations chosen by the judge (relation choice "
-                     f"{metrics['relation_choice']:g}), " if metrics.get("relation_choice") else "")
-                  + f"{metrics.get('precision', 'fp32')})",
+                  f"{metrics.get('precision', 'fp32')})",
               "| metric | value |", "| --- | --- |"]
     lines += [f"| {k} | {_figure(v)} |" for k, v in metrics.get("corpus", {}).items()]
     lines += [f"| grounded {k} | {_figure(v)} |" for k, v in metrics.get("grounded", {}).items()

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from sat_core.config import DecodeConfig, ModelConfig, OptimConfig, PreprocessConfig, TrainConfig
-from sat_core.errors import CheckpointError, SatError
+from sat_core.errors import CheckpointError, RetiredOptionError, SatError
 from sat_core.io import atomic_write, fsync_dir, read_tensors, save_tensors_atomic, write_json_atomic
 from sat_core.paths import CHECKPOINT_FILES, CONFIG_FILE, WEIGHTS_FILE, resolve_checkpoint_path
 from sat_core.vocab import Vocab
@@ -284,38 +284,6 @@ class LoadedCheckpoint:
         return float(value) if isinstance(value, (int, float)) else DecodeConfig().length_norm
 
     @property
-    def one_mention_per_kind(self) -> bool:
-        """Whether its metrics were measured with ``DecodeConfig.one_mention_per_kind``."""
-        return (self.metrics or {}).get("one_mention_per_kind") is True
-
-    @property
-    def distinct_content(self) -> bool:
-        """Whether its metrics were measured with ``DecodeConfig.distinct_content``."""
-        return (self.metrics or {}).get("distinct_content") is True
-
-    def _ranking_weight(self, key: str, part: str) -> float:
-        """A ranking weight its metrics were measured with (``key``), if its decoder has the ``part`` it ranks by;
-        else 0."""
-        value = (self.metrics or {}).get(key)
-        usable = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-        return float(value) if usable and getattr(getattr(self.model, "decoder", None), part, None) is not None else 0.0
-
-    @property
-    def count_prior(self) -> float:
-        """The ``DecodeConfig.count_prior`` its metrics were measured with (0: none, or no count head to rank by)."""
-        return self._ranking_weight("count_prior", "count_head")
-
-    @property
-    def relation_prior(self) -> float:
-        """The ``DecodeConfig.relation_prior`` its metrics were measured with (0: none, or no judge to rank by)."""
-        return self._ranking_weight("relation_prior", "relation_judge")
-
-    @property
-    def relation_choice(self) -> float:
-        """The ``DecodeConfig.relation_choice`` its metrics were measured with (0: none, or no judge to rank by)."""
-        return self._ranking_weight("relation_choice", "relation_judge")
-
-    @property
     def beam_size(self) -> int:
         """The beam its metrics were measured with (DecodeConfig's default if unknown)."""
         value = (self.metrics or {}).get("beam")
@@ -333,13 +301,9 @@ class LoadedCheckpoint:
             return None
 
     def decode_defaults(self) -> DecodeConfig:
-        """DecodeConfig's defaults with what its figures were measured with: beam, length normalisation,
-        the one-mention-per-kind rule, distinct contents in the beam and the count head's and the relation judge's
-        ranking (what the CLI and the explorer start from)."""
-        return DecodeConfig(beam_size=self.beam_size, length_norm=self.length_norm,
-                            one_mention_per_kind=self.one_mention_per_kind, distinct_content=self.distinct_content,
-                            count_prior=self.count_prior, relation_prior=self.relation_prior,
-                            relation_choice=self.relation_choice)
+        """DecodeConfig's defaults with the beam and length normalisation its figures were measured with (what the
+        CLI and the explorer start from)."""
+        return DecodeConfig(beam_size=self.beam_size, length_norm=self.length_norm)
 
 
 def load_checkpoint(
@@ -380,6 +344,11 @@ def _parse_config(config: dict[str, Any], path: Path) -> tuple[ModelConfig, Voca
         model_config = ModelConfig.from_dict(config["model"])
         vocab = Vocab.from_dict(config["vocab"])
         preprocess = PreprocessConfig.from_dict(config["preprocess"])
+    except RetiredOptionError as exc:
+        folder = path if path.is_dir() else path.parent
+        shipped = (Path(__file__).parent / "presets" / f"{folder.name}.json").is_file()  # a ship preset's name
+        message = str(exc).replace("sat_core.ship NAME", f"sat_core.ship {folder.name}") if shipped else str(exc)
+        raise CheckpointError(f"{str(path)!r}: {message}") from exc
     except (SatError, TypeError, ValueError) as exc:
         raise CheckpointError(f"The config of {str(path)!r} is invalid: {exc}") from exc
     if model_config.vocab_size != len(vocab):

@@ -81,13 +81,10 @@ def add_decode_flags(parser: argparse.ArgumentParser, defaults: DecodeConfig | N
 
 
 def decoding_follows_checkpoint(parser: argparse.ArgumentParser) -> None:
-    """Say in the help of ``--beam``, ``--length-norm``, ``--one-mention-per-kind``, ``--distinct-content``,
-    ``--count-prior``, ``--relation-prior`` and ``--relation-choice`` that, when not given, the checkpoint's own
-    value is used (``LoadedCheckpoint.decode_defaults``)."""
+    """Say in the help of ``--beam`` and ``--length-norm`` that, when not given, the checkpoint's own value is used
+    (``LoadedCheckpoint.decode_defaults``)."""
     for action in parser._actions:
-        if action.dest in ("decode.beam_size", "decode.length_norm", "decode.one_mention_per_kind",
-                           "decode.distinct_content", "decode.count_prior", "decode.relation_prior",
-                           "decode.relation_choice"):
+        if action.dest in ("decode.beam_size", "decode.length_norm"):
             text, _, default = (action.help or "").rpartition(" [default:")
             action.help = (f"{text}; when not given, the value the checkpoint's metrics were measured with, "
                            f"else [default:{default}")

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sat_core.errors import SatError
+from sat_core.errors import RetiredOptionError, SatError
 
 T = TypeVar("T", bound="Config")
 
@@ -60,11 +61,52 @@ class Config:
         """Build from a dict (nested dicts for nested configs), refusing unknown keys."""
         if not isinstance(data, dict):
             raise SatError(f"{cls.__name__} must be a JSON object, not {type(data).__name__}.")
+        data = _without_retired(cls, data)
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(data) - names)
         if unknown:
             raise SatError(f"Unknown {cls.__name__} field(s) {unknown}; known fields are {sorted(names)}.")
         return cls(**data)
+
+
+# Options of earlier versions that this one no longer has, per config, with the values that meant "off" (None: any
+# value, for an option that only qualified another retired one). A stored config (a checkpoint's config.json, a run's
+# train_config.json) that holds one at such a value loads without it; any other value is refused.
+RETIRED: dict[str, dict[str, tuple[Any, ...] | None]] = {
+    "ModelConfig": {"position": (False,), "init_cells": (0,), "blind_init": (False,), "count_head": (0,),
+                    "count_colours": (0,), "colour_counter": (0,), "relation_judge": (0,), "relation_feet": None},
+    "OptimConfig": {"count_lambda": (0,), "count_colours": None, "count_encoder": None,
+                    "attention_target": ("cells",)},
+    "DecodeConfig": {"one_mention_per_kind": (False,), "distinct_content": (False,), "count_prior": (0,),
+                     "relation_prior": (0,), "relation_choice": (0,)},
+}
+
+
+def _without_retired(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` less the retired options it holds at their "off" values, its sections' too; RetiredOptionError
+    naming every one it holds at another value."""
+    used: list[str] = []
+    cleaned = _drop_retired(cls, data, used)
+    if used:
+        raise RetiredOptionError(
+            f"This checkpoint was trained with {', '.join(used)}, which this version no longer has (the paper's "
+            "model is the only one it builds and plain beam search the only decoding); retrain it with python -m "
+            "sat_core.ship NAME (a shipped model) or python -m sat_core.train without those options.")
+    return cleaned
+
+
+def _drop_retired(cls: type, data: dict[str, Any], used: list[str]) -> dict[str, Any]:
+    retired = RETIRED.get(cls.__name__, {})
+    sections = {f.name: hint for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                if isinstance(hint := _hints(cls)[f.name], type) and issubclass(hint, Config)}
+    out = {}
+    for key, value in data.items():
+        if key in retired:
+            if retired[key] is not None and value not in retired[key]:
+                used.append(f"{key} = {json.dumps(value)}")
+            continue
+        out[key] = _drop_retired(sections[key], value, used) if key in sections and isinstance(value, dict) else value
+    return out
 
 
 @functools.cache
@@ -173,39 +215,9 @@ class ModelConfig(Config):
     shallow: bool = option(False, "efficientnet_lite0: annotations from the end of the 80-wide stride-16 stage "
                            "(block 7, D = 80) instead of the 112-wide one (block 10): a cell sees 147 px "
                            "instead of 339, so it says more about itself and less about its neighbours")
-    position: bool = option(False, "append each cell's (x, y) centre, from −1 to 1, to its annotation (D + 2): "
-                            "ẑ_t then says where α looks, and α can prefer a side (a scenes world made with "
-                            "the shipped --caption-order largest_first names equal groups left to right)")
     tune_blocks: int = option(0, "efficientnet_lite0: train its last N blocks before the stride-16 tap with the "
                               "decoder (their input is computed once and cached; batch-norm keeps ImageNet's "
                               "statistics); 0: the whole encoder frozen, as in the paper", low=0)
-    init_cells: int = option(0, "0: f_init,h and f_init,c read the mean annotation (the paper); G > 0: they read "
-                             "LayerNorm(Σ_i ReLU(W a_i + b)), a G-wide layer applied to each cell before the sum, "
-                             "so the initial state can count objects (a mean of annotations cannot)", low=0)
-    blind_init: bool = option(False, "f_init,h and f_init,c read nothing: (h_0, c_0) are learnt constants, so the "
-                              "decoder learns of the image through attention alone (an experiment, not the paper, "
-                              "whose f_init reads the mean annotation); with --init-cells the count head still "
-                              "reads the counting state")
-    count_head: int = option(0, "with --init-cells: a head on the counting state predicts how many objects "
-                             "(0–4) of each of N categories the scene holds, trained with --count-lambda "
-                             "(scenes world; set from its categories); 0: none", low=0, derived=True)
-    count_colours: int = option(0, "with count_head: how many objects (0–4) of each of N (category, colour) pairs "
-                                "the scene holds is predicted too, for the categories that come in several "
-                                "colours — by the count head itself (--count-colours) or, with colour_counter, "
-                                "by a counter of its own (set from the world's variants); 0: none",
-                                low=0, derived=True)
-    colour_counter: int = option(0, "G' > 0: the colour pairs' counts come from a counter of their own, "
-                                 "LayerNorm(Σ_i ReLU(W' a_i + b')) G' wide and a linear head, fitted after training "
-                                 "on the trained model's annotations (python -m sat_core.colour_counter; the ship "
-                                 "runs it when the preset names it) and read only to rank captions (--count-prior); "
-                                 "0: none", low=0)
-    relation_judge: int = option(0, "W > 0, with count_head: a map per category of where its objects lie, softmax "
-                                 "over the cells of a score per cell (a layer W wide on each annotation, then one "
-                                 "per category), fitted after training on the trained model's annotations (python -m "
-                                 "sat_core.relation_judge; the ship runs it when the preset names it) and read only to "
-                                 "rank captions by the relations they state (--relation-prior); 0: none", low=0)
-    relation_feet: bool = option(True, "with relation_judge: a second map per category, of the row its objects' feet "
-                                 "stand on, judges \"in front of\" and \"behind\" (off: the centre's row does)")
     vocab_size: int = option(0, "K, set from the vocabulary", low=0, derived=True)
     embed_dim: int = option(64, "m, word embedding size", low=1)
     hidden_dim: int = option(256, "n, LSTM size", low=1)
@@ -226,11 +238,6 @@ class ModelConfig(Config):
     init_activation: str = option("tanh", "nonlinearity of f_init,h and f_init,c", choices=("tanh", "none"))
     hard: HardAttentionConfig = section(HardAttentionConfig, "hard attention's estimator", prefix="hard_")
 
-    @property
-    def annotation_dim(self) -> int:
-        """What the decoder reads per cell: the encoder's D, plus the cell's (x, y) with ``position``."""
-        return self.feature_dim + 2 * self.position
-
     def validate(self) -> None:
         if self.dropout >= 1:
             raise SatError(f"ModelConfig.dropout must be below 1, not {self.dropout}.")
@@ -243,10 +250,6 @@ class ModelConfig(Config):
         if self.shallow and (self.encoder != "efficientnet_lite0" or self.multiscale or self.coarse):
             raise SatError("shallow (80-wide stride-16) annotations need --encoder efficientnet_lite0 without "
                            "--multiscale or --coarse; drop --shallow or those.")
-        if self.count_head and not self.init_cells:
-            raise SatError("--count-lambda trains a head on the counting state: it needs --init-cells G > 0.")
-        if self.count_colours and not self.count_head:
-            raise SatError("--count-colours widens the count head: it needs --count-lambda > 0.")
         if self.tune_blocks and (self.encoder != "efficientnet_lite0" or self.multiscale or self.coarse
                                  or self.finetune_encoder or self.tune_blocks > (7 if self.shallow else 10)):
             raise SatError(f"--tune-blocks {self.tune_blocks}: trains 1 to 10 (7 with --shallow) of "
@@ -262,26 +265,9 @@ class DecodeConfig(Config):
     max_len: int = option(20, "length cap in words", low=1)
     length_norm: float = option(0.0, "score = logprob / len**length_norm (0: raw sum, 1: mean)", low=0.0)
     suppress_unk: bool = option(True, "never generate <unk>")
-    one_mention_per_kind: bool = option(False, "scenes world: name a category again only in another colour "
-                                        "(\"two red apples and a green apple\", never \"two dogs and a dog\"), "
-                                        "as the world's references do")
-    distinct_content: bool = option(False, "scenes world: the beam keeps one hypothesis per content (the counts, colours, "
-                                    "nouns and relations it states), so paraphrases (\"a photo of\", \"on the sand\" / "
-                                    "\"on the beach\") do not fill it; with --count-prior the head then chooses among "
-                                    "different statements")
     fp32_ties: float = option(0.005, "bf16 only: the finished captions within this many nats per word of the best are "
-                              "scored again in fp32 and ranked by it (near-ties decide between equally good "
-                              "captions, which bf16's rounding would otherwise pick); 0: off", low=0.0)
-    count_prior: float = option(0.0, "scenes models with a count head (--count-lambda): rank the finished captions by "
-                                "score + this × log p(the counts they state) under the head (with --count-colours, the colours' "
-                                "counts too); 0: off", low=0.0)
-    relation_prior: float = option(0.0, "scenes models with a relation judge (python -m sat_core.relation_judge): "
-                                   "rank the finished captions by score (+ the count prior) + this × log p(the "
-                                   "relations they state) under the judge; 0: off", low=0.0)
-    relation_choice: float = option(0.0, "scenes models with a relation judge: of the finished captions that name the "
-                                    "same objects (counts, colours, categories), the one with the best score (+ the "
-                                    "count prior) + this × log p(the relations it states) under the judge comes "
-                                    "first; which objects, --relation-prior's ranking decides; 0: off", low=0.0)
+                              "scored again in fp32 and ranked by it (bf16 rounds a logit by up to 0.03, enough to "
+                              "swap near-tied captions); 0: off", low=0.0)
     hard_mode: str = option("expect", "hard attention at test time: expectation α or a sampled location",
                             choices=("expect", "sample"))
     seed: int = option(0, "seed of hard_mode=sample", low=0)
@@ -311,37 +297,15 @@ class DataConfig(Config):
                                  choices=("auto", "on", "off"))
 
 
-def attention_term(target: str) -> str:
-    """``OptimConfig.attention_target`` in words."""
-    return {"mass": "−log of α's weight on the object's cells",
-            "objects": "−log of α's weight on each object's cells, averaged over the objects a word names"}.get(
-        target, "the cross-entropy from the object's cells to α")
-
-
 @dataclass(frozen=True)
 class OptimConfig(Config):
     """The objective's weights, the optimizer and the schedule."""
 
     dsa_lambda: float = option(1.0, "λ of the doubly stochastic penalty (soft attention)", low=0.0)
-    count_lambda: float = option(0.0, "weight of the counting state's own loss: −log p of how many objects (0–4) "
-                                 "of each category the scene holds, summed over categories, per image, read "
-                                 "from the summed cells (--init-cells; scenes world); 0: captions alone teach "
-                                 "it to count", low=0.0)
-    count_colours: bool = option(False, "--count-lambda's head also counts each colour of the categories that come "
-                                 "in several (red, blue and yellow cars), so the count prior (--count-prior) can "
-                                 "judge \"two red cars\" said of a red and a yellow car")
-    count_encoder: bool = option(True, "--count-lambda's loss also trains the encoder's tuned blocks (--tune-blocks); "
-                                 "off: only the counting state's layers and its head learn from it")
     attention_lambda: float = option(0.0, "weight of supervised attention (Liu et al., 2017; not in the paper): "
                                      "−Σ_i q_ti log α_ti for every caption word linked to objects, q_t the linked "
                                      "objects' share of each cell; synthetic worlds with masks only; 0: α learns "
                                      "from the captions alone, as in the paper", low=0.0)
-    attention_target: str = option("cells", "--attention-lambda's term: cells: the cross-entropy from the objects' "
-                                   "share of each cell (Liu et al., 2017), smallest when α spreads over the object "
-                                   "in proportion | mass: −log Σ_i c_ti α_ti, α's weight on the objects' cells, "
-                                   "smallest when α lies anywhere on them | objects: the same for each object a "
-                                   "word names, averaged, so \"two dogs\" splits α between the dogs",
-                                   choices=("cells", "mass", "objects"))
     optimizer: str = option("adam", "optimizer", choices=("adam", "rmsprop"))
     lr: float = option(1e-3, "learning rate", low=0.0)
     lr_schedule: str = option("constant", "constant: --lr throughout | cosine: from --lr down to --lr-final × --lr "
@@ -360,11 +324,6 @@ class OptimConfig(Config):
                                 choices=("bleu4", "cider"))
     save_every: int = option(200, "optimizer steps between resumable checkpoints (and every epoch end); 0: epochs only",
                              low=0)
-
-    @property
-    def attention_term(self) -> str:
-        """Supervised attention's term in words (``attention_target``), for cards and the explorer."""
-        return attention_term(self.attention_target)
 
     def validate(self) -> None:
         if self.lr_final > 1:
@@ -400,13 +359,6 @@ class TrainConfig(Config):
     channels_last: bool = option(True, "channels-last encoder inputs, CUDA only")
     progress: bool = option(True, "progress bars")
     allow_random_encoder: bool = option(False, "allow a frozen vgg/resnet encoder without pretrained weights")
-
-    def validate(self) -> None:
-        if self.model.colour_counter and not self.optim.count_lambda:
-            raise SatError("--colour-counter serves the count head's ranking of captions: it needs --count-lambda > 0.")
-        if self.model.relation_judge and not self.optim.count_lambda:
-            raise SatError("--relation-judge judges the scenes world's categories, which the count head names: it needs "
-                           "--count-lambda > 0.")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":

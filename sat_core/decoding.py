@@ -7,7 +7,6 @@ from ``beam_search`` or from ``DecodeSession``/``score_caption``, which share th
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -21,7 +20,6 @@ from sat_core.models.captioner import Captioner
 from sat_core.models.decoder import AlphaEdit
 from sat_core.models.encoder import Annotations
 from sat_core.precision import autocast
-from sat_core.scenes_catalog import COLOURS, COUNT_WORDS, NOUNS, RELATION_PHRASES
 from sat_core.vocab import Vocab
 from sat_core.words import caption_words
 
@@ -46,12 +44,6 @@ class Hypothesis:
     locations: np.ndarray  # (T,) sampled region per step (hard sampling), −1 otherwise
     finished: bool
     grid: tuple[int, int]
-    # DecodeConfig.count_prior × log p(the counts it states) under the count head, + relation_prior × log p(the
-    # relations it states) under the relation judge; 0: none
-    prior: float = 0.0
-    # DecodeConfig.relation_choice: the count prior + relation_choice × log p_judge(the relations it states), which
-    # ranked it among the captions that name the same objects; None: not ranked that way
-    choice: float | None = None
 
     @property
     def caption(self) -> str:
@@ -91,130 +83,6 @@ class Intervention:
             return torch.where(total > 0, kept / total.clamp_min(1e-30), uniform.expand_as(alpha))
 
         return edit
-
-
-class KindGuard:
-    """``DecodeConfig.one_mention_per_kind``: a category named once may be named again only when
-    both mentions carry a colour word and the colours differ ("two red apples and a green apple"). So
-    "two dogs and a dog", "a grey dog in front of a grey dog" and "two orange cats and a cat" are
-    blocked at their second noun. The scenes world's references keep this rule without exception
-    (they say "three dogs"); models break it when they lose count.
-
-    A state is per row: the kinds named so far, (N, (colours + 1) · categories) bool (colour-major,
-    the last block: no colour word), and the colour word just emitted, (N,) (the last index: none).
-    """
-
-    def __init__(self, vocab: Vocab, device: torch.device) -> None:
-        cats = sorted({category for category, _ in NOUNS.values()})
-        self.n_cats, none = len(cats), len(COLOURS)
-        self.noun = torch.full((len(vocab),), -1, dtype=torch.long)  # word -> category index, −1: not a noun
-        self.colour = torch.full((len(vocab),), none, dtype=torch.long)  # word -> colour index, none
-        for word, i in vocab.stoi.items():
-            if word in NOUNS:
-                self.noun[i] = cats.index(NOUNS[word][0])
-            if word in COLOURS:
-                self.colour[i] = COLOURS.index(word)
-        self.noun, self.colour, self.none = self.noun.to(device), self.colour.to(device), none
-        self.active = bool((self.noun >= 0).any())
-
-    def start(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        seen = torch.zeros(n, (self.none + 1) * self.n_cats, dtype=torch.bool, device=self.noun.device)
-        return seen, torch.full((n,), self.none, dtype=torch.long, device=self.noun.device)
-
-    def blocked(self, state: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor) -> torch.Tensor:
-        """(N, W) bool: which of each row's candidate ``words`` (N, W) would name a kind again."""
-        seen, colour = state
-        cat = self.noun[words].clamp_min(0)  # (N, W)
-        by_colour = seen.view(len(seen), self.none + 1, self.n_cats)  # (N, colours + 1, C)
-        named = by_colour.any(1).gather(1, cat)  # (N, W) the category was named before
-        bare = by_colour[:, self.none].gather(1, cat)  # ... without a colour word
-        same = seen.gather(1, colour.unsqueeze(1) * self.n_cats + cat)  # ... with this colour word
-        again = bare | same | (named & (colour == self.none).unsqueeze(1))
-        return (self.noun[words] >= 0) & again
-
-    def advance(self, state: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor,
-                words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The state of the rows that continue ``rows`` (N',) of this step with ``words`` (N',)."""
-        seen, colour = state
-        seen, cat = seen[rows], self.noun[words]  # (N', ·), (N',)
-        named = (cat >= 0).nonzero().squeeze(1)
-        seen[named, colour[rows][named] * self.n_cats + cat[named]] = True
-        return seen, self.colour[words]
-
-    def banned_after(self, tokens: Sequence[int]) -> list[int]:
-        """The word ids blocked after one caption prefix (a decode session's next step)."""
-        state = self.start(1)
-        for token in tokens:
-            word = torch.tensor([token], device=self.noun.device)
-            state = self.advance(state, torch.zeros(1, dtype=torch.long, device=self.noun.device), word)
-        every = torch.arange(len(self.noun), device=self.noun.device).unsqueeze(0)
-        return self.blocked(state, every)[0].nonzero().squeeze(1).tolist()
-
-
-def _kind_guard(vocab: Vocab, cfg: DecodeConfig, device: torch.device) -> KindGuard | None:
-    if not cfg.one_mention_per_kind:
-        return None
-    guard = KindGuard(vocab, device)
-    return guard if guard.active else None
-
-
-class ContentKeys:
-    """``DecodeConfig.distinct_content``: the beam keeps one hypothesis per content, so that paraphrases do
-    not fill it. A caption prefix's key is what it states, in order: its counts, colours, nouns and
-    relations; the words that state none of it — an opener ("a photo of", "we can see"), the place ("on the
-    beach" / "on the sand"), a participle, "the" — leave the key as it was. "a" / "an" counts one only when
-    a colour or a noun follows it (not in "a photo of" or "on a table"). So "a photo of two sheep on the
-    grass" and "two sheep in a field" share a key. At each step the search keeps, of the candidates sharing
-    a key, the best; finished paraphrases are ranked as usual and the best of each key stays. So a beam of
-    ten returns ten different statements about the scene for the count head to choose among, not one
-    statement in ten wordings. (The best caption's best wording can be lost on the way: a reference then
-    outscores it, a search error in what it says the same way.)
-    """
-
-    PENDING = "a?"  # the last word was "a" / "an": a count if a content word follows
-
-    def __init__(self, vocab: Vocab) -> None:
-        relation_words = {w: r for phrase, r in RELATION_PHRASES.items() for w in phrase
-                          if w not in ("to", "the", "of", "on", "in")}
-        self.tag: dict[int, object] = {}
-        self.pending: set[int] = set()
-        for word, i in vocab.stoi.items():
-            if word in ("a", "an"):
-                self.pending.add(i)
-            elif word in COUNT_WORDS:
-                self.tag[i] = COUNT_WORDS[word]
-            elif word in COLOURS or word in NOUNS:
-                self.tag[i] = word
-            elif word in relation_words:
-                self.tag[i] = relation_words[word]
-        self.active = any(vocab.itos[i] in NOUNS for i in self.tag)
-
-    def key(self, parent: tuple, word: int) -> tuple:
-        """The key of a prefix with key ``parent`` continued by ``word``."""
-        tag = self.tag.get(word)
-        if parent and parent[-1] == self.PENDING:
-            parent = parent[:-1] + ((1,) if tag is not None else ())
-        if word in self.pending:
-            return parent + (self.PENDING,)
-        return parent if tag is None else parent + (tag,)
-
-    def closed(self, key: tuple) -> tuple:
-        """The key of a finished caption whose prefix had ``key`` (a last "a" counts nothing)."""
-        return key[:-1] if key and key[-1] == self.PENDING else key
-
-    def of(self, tokens: Sequence[int]) -> tuple:
-        """The key of a whole caption (token ids, ending with <end> or not)."""
-        key: tuple = ()
-        for token in tokens:
-            key = self.key(key, token)
-        return self.closed(key)
-
-
-def _content_keys(vocab: Vocab, cfg: DecodeConfig) -> ContentKeys | None:
-    if not cfg.distinct_content:
-        return None
-    content = ContentKeys(vocab)
-    return content if content.active else None
 
 
 def _suppressed(vocab: Vocab, cfg: DecodeConfig) -> list[int]:
@@ -315,7 +183,6 @@ def beam_search(
     """
     cfg = cfg or DecodeConfig()
     K = cfg.beam_size  # DecodeConfig guarantees K ≥ 1 and max_len ≥ 1
-    check_decoding(model, cfg)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -323,161 +190,23 @@ def beam_search(
         with autocast(device, cfg.precision) as precision:
             feats, grid = _encode(model, inputs, device)  # (B, L, D)
             settle = precision == "bf16" and cfg.fp32_ties > 0 and not (model.hard and cfg.hard_mode == "sample")
-            ends, trace = _search(model, feats, device, vocab, cfg, intervention, generator, settle)
+            ends, trace = _search(model, feats, device, vocab, cfg, intervention, generator)
         arrays = trace.to_numpy()
-        content = _content_keys(vocab, cfg)
         results = []
         for per_image in ends:
             hyps = [_hypothesis(e, trace, arrays, vocab, grid, cfg.length_norm) for e in per_image]
             hyps.sort(key=_rank)
-            results.append(hyps if content else hyps[:K])
+            results.append(hyps[:K])
         if settle:
             _settle_ties_in_fp32(model, vocab, feats, results, cfg, intervention)
-        if content:  # each statement's best wording (as fp32 ranks near-tied ones), K statements
-            results = [_per_key(hyps, content, K) for hyps in results]
-        if cfg.count_prior or cfg.relation_prior or cfg.relation_choice:
-            rank_by_stated_counts(model, feats, results, cfg.count_prior, relations=cfg.relation_prior,
-                                  choice=cfg.relation_choice)
     finally:
         if was_training:
             model.train()
     return results
 
 
-def check_decoding(model: Captioner, cfg: DecodeConfig) -> None:
-    """Raise SatError for settings this model cannot decode with (CLIs call it before reading any image)."""
-    if cfg.count_prior and model.decoder.count_head is None:
-        raise SatError("--count-prior needs a model with a count head (one trained with --count-lambda on the "
-                       "scenes world); this one has none: drop --count-prior.")
-    for flag, value in (("--relation-prior", cfg.relation_prior), ("--relation-choice", cfg.relation_choice)):
-        if value and getattr(model.decoder, "relation_judge", None) is None:
-            raise SatError(f"{flag} needs a model with a relation judge (python -m sat_core.relation_judge fits one "
-                           f"on a scenes model); this one has none: drop {flag}.")
-
-
 def _rank(hyp: Hypothesis) -> tuple[bool, float]:
-    return not hyp.finished, -(hyp.score + hyp.prior)
-
-
-@torch.no_grad()
-def rank_by_stated_counts(model: Captioner, feats: torch.Tensor, results: list[list[Hypothesis]], weight: float,
-                          relations: float = 0.0, choice: float = 0.0) -> None:
-    """``DecodeConfig.count_prior``: rank each image's finished hypotheses (in place) by score + weight · log
-    p_head(the counts the caption states), the count head reading the image's annotations (B, L, D).
-
-    The head predicts, per category, 0–4 objects; a caption states 0 for every category it does not name,
-    so leaving an object out costs as much as miscounting it. A plural without a number counts as 2–4.
-    A head that also counts colours (``ModelConfig.count_colours``) judges too the colours of a category
-    the caption names with a number and a colour in every mention ("two red cars and a yellow car").
-
-    ``relations`` (``DecodeConfig.relation_prior``): plus relations · log p_judge(the relations the caption
-    states), the relation judge reading the same annotations (``_stated_relation_log_prior``).
-
-    ``choice`` (``DecodeConfig.relation_choice``): the captions that name the same objects (``named_objects``)
-    are one statement of what is in the scene; statements rank by their best caption as above, and the
-    captions within one by score + the count prior + choice · log p_judge (``Hypothesis.choice``). Which
-    objects the caption names stays the ranking's above; how it relates them is the judge's, by its own weight.
-    """
-    logp = _head_log_counts(model, feats) if weight else None  # (B, C, 5)
-    where = _judge_centres(model, feats) if relations or choice else None  # (B, C) x, y, feet
-    for b, hyps in enumerate(results):
-        for i, hyp in enumerate(hyps):
-            if hyp.finished:
-                counts = weight * _stated_log_prior(logp[b], hyp.words) if weight else 0.0
-                judged = _stated_relation_log_prior([w[b] for w in where], hyp.words) if where is not None else 0.0
-                hyps[i] = dataclasses.replace(hyp, prior=counts + relations * judged,
-                                              choice=counts + choice * judged if choice else None)
-        if choice:
-            hyps.sort(key=_by_statement(hyps))
-        else:
-            hyps.sort(key=_rank)
-
-
-def named_objects(words: Sequence[str]) -> tuple[str, ...]:
-    """What a caption names, whatever it says of where: its mentions' counts, colours and categories, in no order
-    ("a cat left of a dog" and "a dog behind a cat" name the same objects)."""
-    from sat_core.scenes_grounding import parse
-
-    return tuple(sorted(f"{m.count} {m.colour} {m.category}" for m in parse(words).mentions))
-
-
-def _by_statement(hyps: list[Hypothesis]):
-    """The sort key of ``rank_by_stated_counts(choice=…)``: finished hypotheses by their statement's best score +
-    prior, then within the statement by score + choice; unfinished ones after, by score."""
-    best: dict[tuple[str, ...], float] = {}
-    for hyp in hyps:
-        if hyp.finished:
-            named = named_objects(hyp.words)
-            best[named] = max(best.get(named, -math.inf), hyp.score + hyp.prior)
-
-    def key(hyp: Hypothesis) -> tuple:
-        if not hyp.finished:
-            return (True, 0.0, (), -hyp.score)
-        named = named_objects(hyp.words)
-        return (False, -best[named], named, -(hyp.score + hyp.choice))
-    return key
-
-
-# The relations a caption can state, as a signed distance in cells that is positive when it holds: "a left of b"
-# holds the more, the further right b's centre lies of a's. "in front of" is judged by where the feet stand: the
-# world puts nearer things lower.
-_RELATION_AXES = {"left_of": (0, 1), "right_of": (0, -1), "above": (1, 1), "below": (1, -1),
-                  "in_front_of": (2, -1), "behind": (2, 1)}  # 0: centre x, 1: centre y, 2: the row of the feet
-
-
-@torch.no_grad()
-def _judge_centres(model: Captioner, feats: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The relation judge's centre x and y and row of the feet of each category per image, (B, C) each, on the
-    CPU in fp32."""
-    with autocast(feats.device, "fp32"):
-        return tuple(v.cpu() for v in model.decoder.relation_judge(feats.float()))
-
-
-def _stated_relation_log_prior(where: Sequence[torch.Tensor], words: Sequence[str]) -> float:
-    """log p_judge(the relations a caption states) from one image's category centres x, y and feet rows, (C,)
-    each: for "a <relation> b", log σ(signed distance / RELATION_STEP) between a's and b's categories
-    (``_RELATION_AXES``).
-    "next to", and a relation between two groups of one category, are not judged (0)."""
-    from sat_core.models.decoder import RELATION_STEP
-    from sat_core.scenes_catalog import COUNTED
-    from sat_core.scenes_grounding import parse
-
-    parsed = parse(words)
-    index = {c: i for i, c in enumerate(COUNTED)}
-    total = 0.0
-    for r in parsed.relations:
-        a, b = parsed.mentions[r.a].category, parsed.mentions[r.b].category
-        if r.relation not in _RELATION_AXES or a == b or a not in index or b not in index:
-            continue
-        axis, sign = _RELATION_AXES[r.relation]
-        distance = sign * float(where[axis][index[b]] - where[axis][index[a]])
-        total += float(torch.nn.functional.logsigmoid(torch.tensor(distance / RELATION_STEP)))
-    return total
-
-
-@torch.no_grad()
-def _head_log_counts(model: Captioner, feats: torch.Tensor) -> torch.Tensor:
-    """The count head's log p(0, 1, 2, 3, 4+ objects) per image and category, then per colour pair where the
-    model counts them, (B, C, 5) on the CPU, in fp32."""
-    with autocast(feats.device, "fp32"):
-        summary = model.decoder.init_input(feats.float())
-        logits = model.decoder.count_logits(summary)  # (B, C, 5), with count_colours' pairs after the categories
-        if model.decoder.colour_counter is not None:  # or the pairs from a counter of their own
-            logits = torch.cat([logits, model.decoder.colour_counter(feats.float())], dim=1)
-        return torch.log_softmax(logits, dim=-1).cpu()
-
-
-def _stated_log_prior(logp: torch.Tensor, words: Sequence[str]) -> float:
-    """log p_head(the counts a caption states) from one image's (C, 5) log-probabilities: its categories'
-    counts, then, for a head that counts colour pairs too, the colours' counts the caption states."""
-    from sat_core.scenes_grounding import stated_colour_counts, stated_counts
-
-    categories = stated_counts(words)
-    total = sum(float(logp[c, 2:].logsumexp(0) if n is None else logp[c, n]) for c, n in enumerate(categories))
-    if logp.shape[0] > len(categories):  # ModelConfig.count_colours: rows after the categories are colour pairs
-        pairs = logp[len(categories):]
-        total += sum(float(pairs[k, n]) for k, n in enumerate(stated_colour_counts(words)) if n is not None)
-    return total
+    return not hyp.finished, -hyp.score
 
 
 @torch.no_grad()
@@ -486,8 +215,8 @@ def _settle_ties_in_fp32(model: Captioner, vocab: Vocab, feats: torch.Tensor, re
     """Score again in fp32 each image's finished hypotheses that bf16 put within ``cfg.fp32_ties`` nats per
     word of its best, and rank them by those scores (in place).
 
-    The world's references say the same thing several ways ("a photo of", "we can see"), so an image's
-    best captions are often within 10⁻³ of each other, and bf16's rounding, not the model, picks one.
+    Captions that say the same thing in other words can score within 10⁻³ of each other, and then bf16's
+    rounding, not the model, would pick one.
     A near-tie is best.score − score ≤ fp32_ties · len(tokens)^(1 − length_norm) (per word at
     length_norm 1, in summed nats at 0). Teacher forcing over those rows alone, on the same annotations.
     """
@@ -517,23 +246,9 @@ def _settle_ties_in_fp32(model: Captioner, vocab: Vocab, feats: torch.Tensor, re
         results[b].sort(key=_rank)
 
 
-def _per_key(hyps: list[Hypothesis], content: ContentKeys, K: int) -> list[Hypothesis]:
-    """Of ranked hypotheses, the best of each content key, for the first K keys (a paraphrase that finished
-    later, or earlier, than a better-scoring one leaves)."""
-    seen: set[tuple] = set()
-    out = []
-    for hyp in hyps:
-        key = content.of(hyp.tokens)
-        if key not in seen and len(seen) < K:
-            seen.add(key)
-            out.append(hyp)
-    return out
-
-
-def _search(model, feats, device, vocab, cfg, intervention, generator, settle=False):
+def _search(model, feats, device, vocab, cfg, intervention, generator):
     """The beam loop over annotations (B, L, D). Rows are numbered afresh at every step; ``trace`` links
-    them back. ``settle`` (bf16): with ``cfg.distinct_content``, two wordings of one statement within
-    ``cfg.fp32_ties`` per word of each other are scored again in fp32 and the better one stays."""
+    them back."""
     K = cfg.beam_size
     prep, h, c = model.decoder.prepare(feats)  # (B, L, A), (B, n): one row per image at t = 0
     B, V = feats.shape[0], len(vocab)
@@ -542,15 +257,7 @@ def _search(model, feats, device, vocab, cfg, intervention, generator, settle=Fa
     scores = torch.zeros(B, 1, device=device)  # (B', k) log-probabilities of the live rows
     if model.hard and cfg.hard_mode == "sample" and generator is None:
         generator = torch.Generator(device).manual_seed(cfg.seed)
-    banned = _suppressed(vocab, cfg)
-    guard = _kind_guard(vocab, cfg, device)
-    kinds = guard.start(B) if guard else None
-    content = _content_keys(vocab, cfg)
-    keys = [()] * B if content else None  # each row's ContentKeys key
-    prefixes = [()] * B if content and settle else None  # each row's words so far, for settling near-ties
-    ties = cfg.fp32_ties if prefixes is not None else 0.0
-    end_keys = [set() for _ in range(B)] if content else None  # each image's finished hypotheses' keys
-    width = 4 * K if content else 2 * K  # candidates per image: room for the paraphrases skipped
+    width = 2 * K  # candidates per image: K to keep, and room for the <end>s among them
     trace, ends = _Trace(), [[] for _ in range(B)]  # ends: (t, row, word, logprob, finished)
     done = np.zeros(B, dtype=bool)
     for t in range(cfg.max_len):
@@ -562,38 +269,27 @@ def _search(model, feats, device, vocab, cfg, intervention, generator, settle=Fa
         trace.betas.append(out.beta)
         trace.locations.append(out.location)
         # An image's best candidates are among each row's as many best words (a row's score is a constant).
-        n_top = min(width + (2 if guard else 0), V)  # a blocked word leaves room for the next best
-        row_words, logp = _top_log_probs(model, out, banned, n_top)  # (n, T), (n, T)
-        if guard:
-            logp = logp.masked_fill(guard.blocked(kinds, row_words), -float("inf"))
+        n_top = min(width, V)
+        row_words, logp = _top_log_probs(model, out, _suppressed(vocab, cfg), n_top)  # (n, T), (n, T)
         cand = (logp + scores.view(n, 1)).view(len(active), k * n_top)  # (B', k·T)
         top_scores, top_pos = cand.topk(min(width, k * n_top), dim=1)  # (B', width)
         top_rows = top_pos // n_top + k * torch.arange(len(active), device=device).view(-1, 1)  # (B', width)
         top_words = row_words[top_rows, top_pos % n_top]  # (B', width)
-        rows, words, new_scores, keys, near = _select(
-            top_scores.cpu().numpy(), top_rows.cpu().numpy(), top_words.cpu().numpy(), K, k, vocab.end_id, t,
-            ends, done, active, content, keys, end_keys, ties,
-        )
-        if near:
-            _settle_live_ties(model, vocab, feats, active, K, prefixes, rows, words, new_scores, near, intervention)
+        rows, words, new_scores = _select(top_scores.cpu().numpy(), top_rows.cpu().numpy(),
+                                          top_words.cpu().numpy(), K, k, vocab.end_id, t, ends, done, active)
         live = ~done[active]  # (B',)
         if not live.any():
             break
         if not live.all():  # finished images leave the batch: their rows are never computed again
             keep = np.repeat(live, K)
             rows, words, new_scores, active = rows[keep], words[keep], new_scores[live], active[live]
-            keys = [key for key, kept in zip(keys, keep) if kept] if content else None
             prep = prep.index(torch.from_numpy(np.flatnonzero(live)).to(device))
-        if prefixes is not None:
-            prefixes = [prefixes[r] + (int(w),) for r, w in zip(rows, words)]
         trace.parents.append(rows)
         trace.words.append(words)
         rows_t = torch.from_numpy(rows).to(device)
         h, c = out.h[rows_t], out.c[rows_t]  # (B'·K, n)
         tokens = torch.from_numpy(words).to(device)
         scores = torch.from_numpy(new_scores).to(device)
-        if guard:
-            kinds = guard.advance(kinds, rows_t, tokens)
     else:
         _add_unfinished(ends, active, scores.cpu().numpy(), words, trace, K)
     return ends, trace
@@ -654,82 +350,33 @@ def _exact_log_probs(model: Captioner, out, words: torch.Tensor) -> torch.Tensor
     return exact - norm
 
 
-def _select(top_scores, top_rows, top_words, K, k, end_id, t, ends, done, active, content=None, keys=None,
-            end_keys=None, ties=0.0):
+def _select(top_scores, top_rows, top_words, K, k, end_id, t, ends, done, active):
     """Beam bookkeeping for one step: finish <end> candidates ranked in the top K, keep K others.
 
     ``k`` is the number of rows per image this step (1 at t = 0, then K); row j of image b is
     b·k + j. Only an <end> among an image's K best candidates is finished, so beam 1 is exactly
-    greedy. Returns the new rows' parents (B'·K,), their words (B'·K,), scores (B', K) and, with
-    ``content`` (``ContentKeys``), their keys (B'·K,; else None), and the near-ties passed over; ``end_keys``
-    holds per image the keys of its finished hypotheses.
-
-    With ``content`` a candidate whose key a better one of this step already holds is passed over and
-    does not count among the K best, and the search ends once K different keys have finished. One within
-    ``ties`` nats per word of the one kept is listed as a near-tie, (slot, row, word, score), for
-    ``_settle_live_ties``.
+    greedy. Returns the new rows' parents (B'·K,), their words (B'·K,) and scores (B', K).
     """
     n_images = top_scores.shape[0]
     rows = np.repeat(np.arange(n_images) * k, K)  # dead slots point at the image's first row
     words = np.full(n_images * K, end_id, dtype=np.int64)
     new_scores = np.full((n_images, K), -np.inf, dtype=np.float32)
-    new_keys = [()] * (n_images * K) if content else None
-    near = []
     for b in range(n_images):
-        image, kept, rank, taken = active[b], 0, 0, {}  # taken: key -> (slot, score) of the row kept with it
+        image, kept = active[b], 0
         for j in range(top_scores.shape[1]):
             score = top_scores[b, j]
             if score == -np.inf or kept == K:
                 break
             row, word = top_rows[b, j], top_words[b, j]
-            if content:
-                key = content.key(keys[row], int(word))
-                if word != end_id:
-                    if key in taken:
-                        slot, best = taken[key]
-                        if ties > 0 and best - score <= ties * (t + 1):  # raw sums over t + 1 words
-                            near.append((slot, int(row), int(word), float(score)))
-                        continue
-                    taken[key] = (b * K + kept, score)
             if word == end_id:
-                if (rank if content else j) < K:
+                if j < K:
                     ends[image].append((t, int(row), int(word), float(score), True))
-                    if content:
-                        end_keys[image].add(content.closed(key))
-                rank += 1
                 continue
             rows[b * K + kept], words[b * K + kept], new_scores[b, kept] = row, word, score
-            if content:
-                new_keys[b * K + kept] = key
             kept += 1
-            rank += 1
-        finished = len(end_keys[image]) if content else sum(1 for e in ends[image] if e[4])
+        finished = sum(1 for e in ends[image] if e[4])
         done[image] = _search_over(finished, float(new_scores[b, 0]), K)
-    return rows, words, new_scores, new_keys, near
-
-
-def _settle_live_ties(model, vocab, feats, active, K, prefixes, rows, words, new_scores, near, intervention) -> None:
-    """bf16 with distinct contents: score again in fp32 the prefixes of each near-tie (a kept row and the
-    wordings of its statement passed over within ``fp32_ties``) and keep the best of each (``rows``,
-    ``words``, ``new_scores`` changed in place). bf16's rounding would otherwise choose, for good: the search
-    keeps one wording of a statement."""
-    slots: dict[int, list[tuple[int, int, float]]] = {}
-    for slot, row, word, score in near:
-        slots.setdefault(slot, [(int(rows[slot]), int(words[slot]), float(new_scores.flat[slot]))]).append(
-            (row, word, score))
-    picks = [(slot, option) for slot, options in slots.items() for option in options]
-    device = feats.device
-    target = torch.tensor([prefixes[row] + (word,) for _, (row, word, _) in picks], device=device)  # (R, t + 1)
-    images = torch.tensor([int(active[slot // K]) for slot, _ in picks], device=device)
-    with autocast(device, "fp32"):
-        logp = _forced_steps(model, vocab, feats[images].float(), target, intervention=intervention)[0]  # (R, t+1)
-    totals = logp.sum(1)
-    best: dict[int, tuple[float, tuple[int, int, float]]] = {}
-    for (slot, option), total in zip(picks, totals):
-        if slot not in best or total > best[slot][0]:
-            best[slot] = (float(total), option)
-    for slot, (_, (row, word, score)) in best.items():
-        rows[slot], words[slot], new_scores.flat[slot] = row, word, score
+    return rows, words, new_scores
 
 
 def _search_over(finished: int, best_live: float, K: int) -> bool:
@@ -784,8 +431,6 @@ class StepView:
     beta: float
     location: int  # hard: sampled region (sample mode) or argmax α (expect mode); −1 for soft
     forced: bool  # a word the user chose instead of the model's
-    # Words one mention per kind kept out of ``top_words`` (they would have ranked among them), with p.
-    blocked: list[tuple[str, float]] = field(default_factory=list)
     # The next word of a caption the session replays (``DecodeSession.sync``'s ``follow``: the beam's best),
     # which need not be the most probable word of this step
     followed: bool = False
@@ -826,8 +471,6 @@ class DecodeSession:
         start = torch.tensor([vocab.start_id], device=self.device)
         self._states: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = [(h, c, start)]
         self.steps: list[StepView] = []
-        self._banned = _suppressed(vocab, self.cfg)
-        self._guard = _kind_guard(vocab, self.cfg, self.device)
 
     @property
     def done(self) -> bool:
@@ -858,8 +501,7 @@ class DecodeSession:
         with autocast(self.device, self.cfg.precision):
             out = self.model.decoder.step(prev, h, c, self._prep, sample=sample, generator=gen, alpha_edit=edit)
         V = len(self.vocab)
-        ruled = self._guard.banned_after([s.token for s in self.steps]) if self._guard else []
-        banned = self._banned + ruled
+        banned = _suppressed(self.vocab, self.cfg)
         if force is None:  # the decision beam 1 makes: the best of each row's two best candidates
             words, logp = _top_log_probs(self.model, out, banned, min(2, V))  # (1, 2)
             token = int(words[0, logp[0].argmax()])
@@ -868,11 +510,6 @@ class DecodeSession:
         logprob = float(_exact_log_probs(self.model, out, torch.tensor([[token]], device=self.device))[0, 0])
         shown, shown_logp = _top_log_probs(self.model, out, banned, min(self.top_k, V))  # (1, top_k)
         order = shown_logp[0].argsort(descending=True)
-        blocked = []
-        if ruled:  # what the rule hid: ruled words among the top_k the model would have shown without it
-            free, free_logp = _top_log_probs(self.model, out, self._banned, min(self.top_k, V))
-            blocked = [(self.vocab.itos[int(w)], float(lp.exp())) for w, lp in zip(free[0], free_logp[0])
-                       if int(w) in ruled]
         alpha = out.alpha[0].float()
         location = int(out.location[0])
         if self.model.hard and location < 0:
@@ -888,7 +525,6 @@ class DecodeSession:
             beta=float(out.beta[0]),
             location=location,
             forced=force is not None and not followed,
-            blocked=sorted(blocked, key=lambda item: -item[1]),
             followed=force is not None and followed,
         )
         self._states.append((out.h, out.c, torch.tensor([token], device=self.device)))
@@ -1062,7 +698,6 @@ class ReferenceScore:
     caption: str
     score: float  # Σ log p / len(tokens incl. <end>) ** length_norm, as Hypothesis.score
     reachable: int  # references beam search could have produced (known words, within the length cap)
-    prior: float = 0.0  # with DecodeConfig.count_prior, as Hypothesis.prior; references are ranked by score + prior
 
 
 def check_search_errors(model: Captioner, cfg: DecodeConfig) -> None:
@@ -1092,20 +727,10 @@ def best_reference(
         return None
     width = max(len(ids) for _, ids in captions)
     padded = [ids + [vocab.end_id] * (width - len(ids)) for _, ids in captions]  # (R, T), scored up to len
-    if (cfg.count_prior or cfg.relation_prior) and not isinstance(image, Annotations):
-        image = encode_images(model, _as_batch(image), cfg.precision)  # once, for the words and for the head
     logps = _teacher_force(model, vocab, image, padded, precision=cfg.precision)[0]  # (R, T)
     scores = [float(logps[r, : len(ids)].sum()) / len(ids) ** cfg.length_norm for r, (_, ids) in enumerate(captions)]
-    priors = [0.0] * len(captions)
-    if cfg.count_prior:  # the search ranks its captions by score + prior: so are the references
-        logp = _head_log_counts(model, image.feats)[0]
-        priors = [cfg.count_prior * _stated_log_prior(logp, vocab.decode(ids)) for _, ids in captions]
-    if cfg.relation_prior:
-        where = [w[0] for w in _judge_centres(model, image.feats)]
-        priors = [p + cfg.relation_prior * _stated_relation_log_prior(where, vocab.decode(ids))
-                  for p, (_, ids) in zip(priors, captions)]
-    best = int(np.argmax([score + prior for score, prior in zip(scores, priors)]))
-    return ReferenceScore(captions[best][0], scores[best], len(captions), priors[best])
+    best = int(np.argmax(scores))
+    return ReferenceScore(captions[best][0], scores[best], len(captions))
 
 
 @dataclass

@@ -44,19 +44,15 @@ def coloured_share(image: Image.Image) -> float:
 
 
 def mean_annotations(model: Any, tensors: Any) -> np.ndarray:
-    """(B, D) mean over the grid of ``model``'s annotation vectors for preprocessed images (B, 3, S, S).
-
-    The (x, y) position channels (``ModelConfig.position``) are left out: they are the same for every image.
-    """
+    """(B, D) mean over the grid of ``model``'s annotation vectors for preprocessed images (B, 3, S, S)."""
     import torch
 
     device = next(model.parameters()).device
-    dim = model.config.feature_dim
     rows = []
     with torch.no_grad():
         for batch in torch.as_tensor(tensors).split(_ENCODE_BATCH):
-            feats = model.encode(batch.to(device)).feats  # (b, L, D [+ 2])
-            rows.append(feats[..., :dim].float().mean(1).cpu())
+            feats = model.encode(batch.to(device)).feats  # (b, L, D)
+            rows.append(feats.float().mean(1).cpu())
     return torch.cat(rows).numpy().astype(np.float64)
 
 

@@ -19,3 +19,7 @@ class CheckpointError(SatError):
 
 class DatasetError(SatError):
     """A dataset file or image folder that cannot be used."""
+
+
+class RetiredOptionError(SatError):
+    """A stored config that uses an option this version no longer has (``config.RETIRED``)."""

@@ -67,9 +67,6 @@ class Decoded:
     crop: CropInfo
     reference: ReferenceScore | None = None  # the model's favourite reference (``search_errors``)
     references_scored: bool = False  # ``search_errors`` asked for (``reference`` None: none reachable)
-    # What the search ranked the caption's statement by: the best score + prior of its finished hypotheses (the
-    # caption's own, unless DecodeConfig.relation_choice chose another wording of the same objects; None: its own)
-    value: float | None = None
 
 
 # ---- decoding -------------------------------------------------------------------------------------
@@ -114,8 +111,7 @@ def decode_images(
                 refs = [" ".join(s) for s in record.sentences]
                 one = Annotations(inputs.feats[b : b + 1], inputs.grid)  # (1, L, D)
                 reference = best_reference(loaded.model, loaded.vocab, one, refs, cfg)
-            value = max((h.score + h.prior for h in hyps if h.finished), default=hyps[0].score + hyps[0].prior)
-            decoded.append(Decoded(i, record, hyps[0], crop, reference, search_errors, value=value))
+            decoded.append(Decoded(i, record, hyps[0], crop, reference, search_errors))
         if progress is not None:
             progress(min(start + batch_size, len(indices)), len(indices))
     if not decoded:
@@ -124,11 +120,6 @@ def decode_images(
             f"({'; '.join(skipped[:2]) or 'none listed'}); check the images folder {data.images_dir}."
         )
     return decoded, skipped
-
-
-def _statement_value(dec: Decoded) -> float:
-    """What the search ranked the caption's statement by (``Decoded.value``)."""
-    return dec.hypothesis.score + dec.hypothesis.prior if dec.value is None else dec.value
 
 
 def _split_indices(data: KarpathyData, split: str, limit: int | None) -> list[int]:
@@ -227,10 +218,8 @@ def image_record(dec: Decoded, scores: dict[str, float], stats: WordStats) -> tu
     }
     if dec.reference is not None:
         ref = dec.reference
-        record.update(best_reference={"caption": ref.caption, "score": ref.score, "reachable": ref.reachable,
-                                      **({"prior": ref.prior} if ref.prior else {})},
-                      search_error=(ref.caption != hyp.caption  # ranked as the search ranks: score + prior
-                                    and ref.score + ref.prior > _statement_value(dec) + SEARCH_MARGIN))
+        record.update(best_reference={"caption": ref.caption, "score": ref.score, "reachable": ref.reachable},
+                      search_error=(ref.caption != hyp.caption and ref.score > hyp.score + SEARCH_MARGIN))
     elif dec.references_scored:  # no reference beam search could have said (unknown words, too long)
         record.update(best_reference=None, search_error=None)
     if dec.record.objects is None:
@@ -365,11 +354,7 @@ def evaluate_images(
                            meteor=meteor)
     precision = resolve(next(loaded.model.parameters()).device, cfg.precision)
     return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len,
-            "length_norm": cfg.length_norm, "one_mention_per_kind": cfg.one_mention_per_kind, "precision": precision,
-            **({"distinct_content": True} if cfg.distinct_content else {}),
-            **({"count_prior": cfg.count_prior} if cfg.count_prior else {}),
-            **({"relation_prior": cfg.relation_prior} if cfg.relation_prior else {}),
-            **({"relation_choice": cfg.relation_choice} if cfg.relation_choice else {}),
+            "length_norm": cfg.length_norm, "precision": precision,
             "n_images": len(decoded), "skipped": skipped, **scored}
 
 

@@ -61,31 +61,6 @@ def attention_supervision(alphas: torch.Tensor, targets: torch.Tensor, linked: t
     return cross[linked].sum() / linked.sum().clamp_min(1)
 
 
-def attention_mass(alphas: torch.Tensor, covers: torch.Tensor, linked: torch.Tensor) -> torch.Tensor:
-    """Supervised attention by its weight on the object (not in the paper): −log Σ_i c_ti α_ti, with c (B, T, L)
-    the linked objects' share of each cell, averaged over the linked words (B, T) bool.
-
-    Σ_i c_ti α_ti is the share of the object in the cell a hard model samples, in expectation, so the term
-    asks that α lie on the object without asking that it spread over all of it (the cross-entropy of
-    ``attention_supervision`` is smallest at α = the object's cells in proportion)."""
-    mass = (covers * alphas.float()).sum(-1).clamp_min(1e-8)  # (B, T)
-    return -mass.log()[linked].sum() / linked.sum().clamp_min(1)
-
-
-def attention_objects(alphas: torch.Tensor, covers: torch.Tensor) -> torch.Tensor:
-    """Supervised attention by its weight on each object a word names (not in the paper): the mean over the word's
-    objects of −log Σ_i c_tki α_ti, with c (B, T, K, L) each object's share of each cell (zeros past the word's
-    objects), averaged over the words that name any.
-
-    For a word naming one object it is ``attention_mass``; for "two dogs" it is smallest when α puts half its weight
-    on each dog, on any of its cells — so a count word looks at everything it counts."""
-    present = covers.sum(-1) > 0  # (B, T, K)
-    mass = (covers * alphas.float().unsqueeze(2)).sum(-1).clamp_min(1e-8)  # (B, T, K)
-    per_word = torch.where(present, -mass.log(), torch.zeros_like(mass)).sum(-1) / present.sum(-1).clamp_min(1)
-    linked = present.any(-1)  # (B, T)
-    return per_word[linked].sum() / linked.sum().clamp_min(1)
-
-
 @dataclass
 class LossParts:
     total: torch.Tensor

@@ -89,14 +89,12 @@ class AttentionTargets:
         self.captions, self.preprocess = captions, preprocess
         self._covers: dict[int, dict[Any, np.ndarray]] = {}  # image -> object id -> (L,) cover
 
-    def batch(self, keys: Sequence[int], steps: int, regions: int, *,
-              normalise: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, keys: Sequence[int], steps: int, regions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q (B, steps, regions) float32 and which words are linked (B, steps) bool, for the captions
-        ``keys`` (Batch.keys); step t is the step that produces word t. ``normalise=False`` keeps the
-        linked objects' share of each cell itself (at most 1) instead of a distribution over the cells."""
+        ``keys`` (Batch.keys); step t is the step that produces word t."""
         q = self.objects(keys, steps, regions).sum(2)  # (B, steps, regions): the word's objects together
         total = q.sum(-1, keepdim=True)  # (B, steps, 1); 0 where no link (or the objects lie outside the crop)
-        q = torch.where(total > 0, q / total.clamp_min(1e-12), 0.0) if normalise else q.clamp(max=1.0)
+        q = torch.where(total > 0, q / total.clamp_min(1e-12), 0.0)
         return q, total[..., 0] > 0
 
     def objects(self, keys: Sequence[int], steps: int, regions: int) -> torch.Tensor:

@@ -16,9 +16,7 @@ import numpy as np
 
 from sat_core.grounding import Relation, phrase_at
 from sat_core.scenes import relation_holds
-from sat_core.scenes_catalog import (
-    COLOUR_PAIRS, COLOURS, COUNT_WORDS, COUNTED, NOUNS, PARTICIPLES, PLACE_WORDS, RELATION_PHRASES,
-)
+from sat_core.scenes_catalog import COLOURS, COUNT_WORDS, NOUNS, PARTICIPLES, PLACE_WORDS, RELATION_PHRASES
 
 ERROR_LABELS = ("wrong_category", "wrong_colour", "wrong_count", "wrong_relation", "wrong_place",
                 "missed_object", "hallucinated_object")
@@ -81,35 +79,6 @@ def parse(tokens: Sequence[Any]) -> Parsed:
             rel_wait, pending = None, {"idx": []}
         i += 1
     return out
-
-
-def stated_counts(tokens: Sequence[Any]) -> list[int | None]:
-    """How many objects of each of ``COUNTED`` a caption says the scene holds, in a count head's classes:
-    0 for a category it does not name, its mentions' counts summed (4 for four or more), None for a plural
-    without a number ("dogs": two or more)."""
-    counts: list[int | None] = [0] * len(COUNTED)
-    for m in parse(tokens).mentions:
-        k = COUNTED.index(m.category)
-        counts[k] = None if m.count is None or counts[k] is None else min(4, counts[k] + m.count)
-    return counts
-
-
-def stated_colour_counts(tokens: Sequence[Any]) -> list[int | None]:
-    """How many objects of each of ``COLOUR_PAIRS`` a caption says the scene holds (4 for four or more).
-
-    Only a category the caption names with a number and a colour in every mention says it ("two red cars
-    and a yellow car": red 2, yellow 1, blue 0); for the others (not named, or "two cars", "red cars")
-    every colour is None: ``stated_counts`` is all the caption says of them."""
-    mentions = parse(tokens).mentions
-    counts: list[int | None] = [None] * len(COLOUR_PAIRS)
-    for category in {c for c, _ in COLOUR_PAIRS}:
-        named = [m for m in mentions if m.category == category]
-        if not named or any(m.colour is None or m.count is None for m in named):
-            continue
-        for k, (c, colour) in enumerate(COLOUR_PAIRS):
-            if c == category:
-                counts[k] = min(4, sum(m.count for m in named if m.colour == colour))
-    return counts
 
 
 def _colour_ok(m: Mention, o: dict[str, Any]) -> bool:

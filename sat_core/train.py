@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from sat_core import checkpoint as ckpt
 from sat_core import cli
@@ -29,16 +28,15 @@ from sat_core.card import annotation_statistics, domain_images, training_statist
 from sat_core.train_checks import check_config, check_resume
 from sat_core.flatstate import flatten_state, unflatten_state
 from sat_core.io import read_tensors, write_json_atomic
-from sat_core.config import DecodeConfig, ModelConfig, PreprocessConfig, TrainConfig
+from sat_core.config import ModelConfig, PreprocessConfig, TrainConfig
 from sat_core.data import CaptionDataset, EvalImages, ImageStore, build_vocab, load_karpathy, make_loader, normalise
 from sat_core.decoding import beam_search, pick_device
 from sat_core.errors import SatError
-from sat_core.losses import MovingBaseline, attention_mass, attention_objects, attention_supervision, caption_loss
+from sat_core.losses import MovingBaseline, attention_supervision, caption_loss
 from sat_core.models.captioner import Captioner
 from sat_core.models.encoder import FEATURE_DIMS, Annotations, load_torchvision_weights
 from sat_core.precision import autocast, resolve
 from sat_core.regions import AttentionTargets
-from sat_core.scenes_catalog import COLOUR_PAIRS, COUNTED, category_counts, colour_counts
 from sat_core.vocab import Vocab
 
 STATE_TENSORS, STATE_JSON = "state.safetensors", "state.json"
@@ -76,13 +74,7 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
         feature_dim = 80  # the end of its first stride-16 stage
     # efficientnet_lite0's ImageNet weights always come with it (pip): a frozen random net is useless
     pretrained = m.pretrained or bool(cfg.encoder_weights) or m.encoder == "efficientnet_lite0"
-    count_head = len(COUNTED) if cfg.optim.count_lambda else 0
-    count_colours = len(COLOUR_PAIRS) if cfg.optim.count_lambda and cfg.optim.count_colours else 0
-    # A colour counter (ModelConfig.colour_counter) and a relation judge are fitted after training, on the trained
-    # model's annotations (sat_core.colour_counter, sat_core.relation_judge): the trainer builds the model without.
-    return dataclasses.replace(m, feature_dim=feature_dim, vocab_size=vocab_size, pretrained=pretrained,
-                               count_head=count_head, count_colours=count_colours, colour_counter=0,
-                               relation_judge=0)
+    return dataclasses.replace(m, feature_dim=feature_dim, vocab_size=vocab_size, pretrained=pretrained)
 
 
 def preprocess_config(cfg: TrainConfig) -> PreprocessConfig:
@@ -217,7 +209,6 @@ class Trainer:
         self.loader = make_loader(self.train_set, cfg.data.batch_size, shuffle=True, seed=cfg.seed,
                                   num_replicas=self.world, rank=self.rank, by_image=cfg.data.batching == "image")
         self.val_images = EvalImages(self.data, cfg.data.val_split, store, batch_size=64)
-        self.count_targets = self._count_targets() if cfg.optim.count_lambda else None  # (N_images, C)
         self.attention_targets = (AttentionTargets(self.train_set, self.preprocess)
                                   if cfg.optim.attention_lambda else None)
         # Kept in every checkpoint: the explorer's out-of-domain check and the error labels' word kinds.
@@ -228,24 +219,6 @@ class Trainer:
         self.annotation_step = -1
         if cfg.data.val_images:
             self.val_images.image_ids = self.val_images.image_ids[: cfg.data.val_images]
-
-    def _count_targets(self) -> torch.Tensor:
-        """How many of each category (and with --count-colours, of each colour pair) every training image
-        holds (0–4): the count head's targets."""
-        colours = self.cfg.optim.count_colours
-        width = len(COUNTED) + (len(COLOUR_PAIRS) if colours else 0)
-        rows = []
-        for image in self.data.images:
-            objects = image.objects or []
-            if image.split == "train" and not (objects and all(o.get("category") in COUNTED for o in objects)):
-                raise SatError(f"--count-lambda needs the scenes world's objects (a category from "
-                               f"sat_core.scenes_catalog for each), and training image {image.path.name} has "
-                               "none; drop --count-lambda or train on a scenes world.")
-            if image.split != "train":
-                rows.append([0] * width)
-            else:
-                rows.append(category_counts(objects) + (colour_counts(objects) if colours else []))
-        return torch.tensor(rows, dtype=torch.long)
 
     def _build_model(self) -> None:
         cfg = self.cfg
@@ -356,8 +329,7 @@ class Trainer:
         cfg, model = self.cfg, self.train_model
         model.train()
         self.loader.batch_sampler.set_epoch(self.epoch)
-        totals = {"loss": 0.0, "nll": 0.0, "dsa": 0.0, "reinforce": 0.0, "entropy": 0.0, "count": 0.0,
-                  "attention": 0.0}
+        totals = {"loss": 0.0, "nll": 0.0, "dsa": 0.0, "reinforce": 0.0, "entropy": 0.0, "attention": 0.0}
         batches, captions, started = 0, 0, time.perf_counter()
         for i, batch in enumerate(self._progress(self._batches())):
             if i < self.batch_in_epoch:
@@ -385,32 +357,18 @@ class Trainer:
             if self.features is not None:
                 rows = [self.store.row_of[i] for i in batch.image_ids]
                 feats = self._annotations(rows)  # (U, L, D)
-                out = self.train_model(None, batch.captions, feats=feats, image_index=batch.image_index,
-                                       count_encoder=cfg.optim.count_encoder)
+                out = self.train_model(None, batch.captions, feats=feats, image_index=batch.image_index)
             else:
                 images = normalise(batch.images, self.preprocess)  # (U, 3, S, S)
                 if self.device.type == "cuda" and cfg.channels_last:
                     images = images.contiguous(memory_format=torch.channels_last)
-                out = self.train_model(images, batch.captions, image_index=batch.image_index,
-                                       count_encoder=cfg.optim.count_encoder)
+                out = self.train_model(images, batch.captions, image_index=batch.image_index)
             parts = caption_loss(out, batch.captions[:, 1:], dsa_lambda=self._dsa_lambda(),
                                  hard=cfg.model.hard if self.model.hard else None, baseline=self.baseline)
-        total, count = parts.total, 0.0
-        if out.counts is not None:  # the counting state's own loss: −log p(the scene's counts), per image
-            targets = self.count_targets[batch.image_ids].to(self.device)  # (U, C)
-            count_loss = F.cross_entropy(out.counts.reshape(-1, out.counts.shape[-1]), targets.reshape(-1),
-                                         reduction="sum") / targets.shape[0]
-            total, count = total + cfg.optim.count_lambda * count_loss, float(count_loss.detach())
-        attention = 0.0
+        total, attention = parts.total, 0.0
         if self.attention_targets is not None:  # supervised attention: α towards the linked objects' cells
-            target, shape = cfg.optim.attention_target, out.alphas.shape[1:]
-            if target == "objects":
-                supervised = attention_objects(out.alphas, self.attention_targets.objects(batch.keys, *shape)
-                                               .to(self.device))
-            else:
-                q, linked = self.attention_targets.batch(batch.keys, *shape, normalise=target == "cells")
-                term = attention_mass if target == "mass" else attention_supervision  # q (B, T, L), linked (B, T)
-                supervised = term(out.alphas, q.to(self.device), linked.to(self.device))
+            q, linked = self.attention_targets.batch(batch.keys, *out.alphas.shape[1:])  # (B, T, L), (B, T)
+            supervised = attention_supervision(out.alphas, q.to(self.device), linked.to(self.device))
             total, attention = total + cfg.optim.attention_lambda * supervised, float(supervised.detach())
         if not torch.isfinite(total):
             raise self._non_finite("loss", float(total.detach()), batch)
@@ -425,7 +383,7 @@ class Trainer:
             raise self._non_finite("gradient norm", float(norm), batch)
         self.optimizer.step()
         return {"loss": float(total.detach()), "nll": parts.nll, "dsa": parts.dsa,
-                "reinforce": parts.reinforce, "entropy": parts.entropy, "count": count, "attention": attention}
+                "reinforce": parts.reinforce, "entropy": parts.entropy, "attention": attention}
 
     def _non_finite(self, what: str, value: float, batch) -> SatError:
         return SatError(
@@ -462,13 +420,6 @@ class Trainer:
 
     # -- validation: free-running decoding, BLEU-4
 
-    def _validation_decoding(self) -> DecodeConfig:
-        """The validation decoding ``cfg.val`` names, less the relation judge's ranking while the model has no judge:
-        the judge is fitted after training (``sat_core.relation_judge``), so the epochs are compared without it."""
-        if self.model.decoder.relation_judge is not None:
-            return self.cfg.val
-        return dataclasses.replace(self.cfg.val, relation_prior=0.0, relation_choice=0.0)
-
     def validate(self) -> dict[str, float]:
         from sat_core.metrics import caption_metrics
 
@@ -480,7 +431,7 @@ class Trainer:
                 inputs = Annotations(feats, self.grid)
             else:
                 inputs = normalise(images, self.preprocess)
-            results = beam_search(self.model, inputs, self.vocab, self._validation_decoding())
+            results = beam_search(self.model, inputs, self.vocab, self.cfg.val)
             for i, hyp in zip(ids, results):
                 hyps[i] = hyp[0].caption
                 refs[i] = [" ".join(s) for s in self.val_images.references(i)]
@@ -699,8 +650,6 @@ def _console_line(record: dict[str, Any], cfg: TrainConfig, samples: list[tuple[
                 f"{cfg.optim.max_minutes:g} ({record['minutes']:.1f} min spent)")
     v = record["val"]
     terms = f"nll {record['nll']:.3f}  dsa {record['dsa']:.3f}  reinforce {record['reinforce']:.3f}  entropy {record['entropy']:.3f}"
-    if cfg.optim.count_lambda:
-        terms += f"  count {record.get('count', 0.0):.3f}"
     if cfg.optim.attention_lambda:
         terms += f"  attention {record.get('attention', 0.0):.3f}"
     lines = [f"epoch {record['epoch']}: loss {record['loss']:.3f} ({terms})  {record['captions_per_s']:.0f} captions/s "
@@ -733,17 +682,6 @@ def main(argv: list[str] | None = None) -> int:
     except SatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if cfg.model.colour_counter:  # a flag that this command does not act on says so, and what does
-        print(f"note: --colour-counter {cfg.model.colour_counter} is fitted after training, not by this command: run "
-              f"python -m sat_core.colour_counter --checkpoint {cfg.out}/best --data {cfg.data.dataset} --images "
-              f"{cfg.data.images} --width {cfg.model.colour_counter} --out <new folder> (python -m sat_core.ship "
-              "does it for a preset that names it).", file=sys.stderr)
-    if cfg.model.relation_judge:
-        print(f"note: --relation-judge {cfg.model.relation_judge} is fitted after training, not by this command: run "
-              f"python -m sat_core.relation_judge --checkpoint {cfg.out}/best --data {cfg.data.dataset} --images "
-              f"{cfg.data.images} --width {cfg.model.relation_judge} --out <new folder> (python -m sat_core.ship does "
-              "it for a preset that names it).",
-              file=sys.stderr)
     try:
         trainer = Trainer(cfg, resume)
         result = trainer.run()

@@ -25,16 +25,6 @@ def test_card_prints_counts_as_integers_and_scores_to_three_decimals(result, che
     assert f"| CIDEr | {result['corpus']['CIDEr']:.3f} |" in card
     assert (f"## Test split ({N_TEST} images, beam {result['beam']}, length normalisation {result['length_norm']}, "
             f"{result['precision']})") in card
-    assert result["one_mention_per_kind"] is False
-    guarded = model_card("soft", config, {**json.loads(json.dumps(result)), "one_mention_per_kind": True})
-    assert (f"length normalisation {result['length_norm']}, one mention per kind, {result['precision']})") in guarded
-    assert "distinct_content" not in result
-    distinct = model_card("soft", config, {**json.loads(json.dumps(result)), "distinct_content": True})
-    assert (f"length normalisation {result['length_norm']}, one caption per content in the beam, "
-            f"{result['precision']})") in distinct
-    ranked = model_card("soft", config, {**json.loads(json.dumps(result)), "count_prior": 1.0})
-    assert (f"length normalisation {result['length_norm']}, ranked by the count head (count prior 1), "
-            f"{result['precision']})") in ranked
 
 
 def test_evaluate_card_writes_metrics_records_and_card_into_the_checkpoint(checkpoint, world_data, tmp_path, capsys):
@@ -119,31 +109,3 @@ def test_card_says_when_attention_was_supervised(attention_lambda):
     assert lines == ([] if not attention_lambda else [
         "- Attention: supervised towards the object each word names (`--attention-lambda 0.5`, Liu et al., 2017; "
         "not in the paper): α was taught with the world's masks, not learnt from the captions alone."])
-
-
-@pytest.mark.parametrize("target, term", [("mass", "the object's cells"),
-                                          ("objects", "each object's cells, averaged over the objects a word names")])
-def test_card_names_the_mass_forms_of_supervised_attention(target, term):
-    optim = {"optimizer": "adam", "lr": 0.001, "attention_lambda": 1.0, "attention_target": target}
-    config = {"model": {"attention": "hard"}, "training": {"dataset": "d.json", "train_config": {"optim": optim}}}
-    lines = [x for x in model_card("m", config, {"split": "test"}).splitlines() if x.startswith("- Attention:")]
-    assert lines == [f"- Attention: supervised onto the object each word names (`--attention-lambda 1 --attention-target "
-                     f"{target}`: −log of α's weight on {term}; not in the paper): α was taught with the world's masks, "
-                     "not learnt from the captions alone."]
-
-
-@pytest.mark.parametrize("model, line", [
-    ({}, None),
-    ({"init_cells": 8, "count_head": 37}, "- Count head on that sum: how many (0–4) of each of 37 categories "
-     "(`--count-lambda`); decoding reads it only to rank finished captions (`--count-prior`)."),
-    ({"init_cells": 8, "count_head": 37, "count_colours": 24}, "- Count head on that sum: how many (0–4) of each of "
-     "37 categories and of each of 24 (category, colour) pairs (`--count-lambda`); decoding reads it only to rank "
-     "finished captions (`--count-prior`)."),
-    ({"init_cells": 8, "count_head": 37, "count_colours": 24, "colour_counter": 128}, "- Count head on that sum: how "
-     "many (0–4) of each of 37 categories (`--count-lambda`); the 24 (category, colour) pairs by a colour counter 128 "
-     "wide, fitted after training (`sat_core.colour_counter`); decoding reads it only to rank finished captions "
-     "(`--count-prior`)."),
-])
-def test_card_describes_the_count_head(model, line):
-    card = model_card("m", {"model": {"attention": "soft", **model}}, {"split": "test"})
-    assert [x for x in card.splitlines() if x.startswith("- Count head")] == ([line] if line else [])

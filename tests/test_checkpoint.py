@@ -91,37 +91,74 @@ def test_the_same_weights_are_saved_as_the_same_bytes(tmp_path: Path, stand_in: 
     assert metadata == {"format": FORMAT}
 
 
-class CountingStandIn(StandIn):
-    """The StandIn with a count head where the Captioner keeps one."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__(config)
-        self.decoder = nn.Module()
-        self.decoder.count_head = nn.Linear(config.hidden_dim, 5)
-
-
 @pytest.mark.parametrize("metrics, expected", [
-    (None, (3, 0.0, False, False, 0.0)),
-    ({"beam": 5, "length_norm": 1.0, "one_mention_per_kind": True, "distinct_content": True, "count_prior": 1.0},
-     (5, 1.0, True, True, 1.0)),
-    ({"beam": 0, "length_norm": "1", "one_mention_per_kind": "yes", "distinct_content": 1, "count_prior": True},
-     (3, 0.0, False, False, 0.0)),  # not usable: defaults
-    ({"count_prior": -1.0}, (3, 0.0, False, False, 0.0)),
+    (None, (3, 0.0)),
+    ({"beam": 5, "length_norm": 1.0}, (5, 1.0)),
+    ({"beam": 0, "length_norm": "1"}, (3, 0.0)),  # not usable: defaults
+    ({"beam": 5, "length_norm": 1.0, "one_mention_per_kind": True, "count_prior": 1.0}, (5, 1.0)),  # older metrics
 ])
-def test_decoding_defaults_come_from_what_the_metrics_were_measured_with(tmp_path: Path, monkeypatch,
+def test_decoding_defaults_come_from_what_the_metrics_were_measured_with(tmp_path: Path, stand_in: StandIn,
                                                                         metrics, expected) -> None:
-    monkeypatch.setattr(ckpt, "_build_model", CountingStandIn)
-    loaded = load_checkpoint(save(tmp_path / "ck", CountingStandIn(tiny_config()), metrics=metrics))
+    loaded = load_checkpoint(save(tmp_path / "ck", stand_in, metrics=metrics))
     cfg = loaded.decode_defaults()
-    assert (cfg.beam_size, cfg.length_norm, cfg.one_mention_per_kind, cfg.distinct_content, cfg.count_prior) == expected
+    assert (cfg.beam_size, cfg.length_norm) == expected
 
 
-def test_a_count_prior_needs_the_count_head_to_rank_by(tmp_path: Path, stand_in: StandIn) -> None:
-    """Metrics measured with a count prior on a model without a head (edited by hand): decoding leaves it off
-    instead of refusing every caption."""
-    loaded = load_checkpoint(save(tmp_path / "ck", stand_in, metrics={"beam": 5, "count_prior": 1.0}))
-    assert loaded.count_prior == 0.0 and loaded.decode_defaults().count_prior == 0.0
-    assert loaded.decode_defaults().beam_size == 5
+# What a scenes checkpoint of an earlier version kept in its config.json: options this version no longer has.
+RETIRED_OFF = {"position": False, "init_cells": 0, "blind_init": False, "count_head": 0, "count_colours": 0,
+               "colour_counter": 0, "relation_judge": 0, "relation_feet": False}
+OPTIM_OFF = {"count_lambda": 0.0, "count_colours": True, "count_encoder": False, "attention_target": "cells"}
+VAL_OFF = {"one_mention_per_kind": False, "distinct_content": False, "count_prior": 0.0, "relation_prior": 0.0,
+           "relation_choice": 0.0}
+
+
+def _with_stored(folder: Path, model: dict, train_config: dict | None = None) -> Path:
+    """Add fields to a saved checkpoint's config.json, as an earlier version wrote them."""
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    config["model"].update(model)
+    if train_config is not None:
+        config["training"]["train_config"] = train_config
+    (folder / CONFIG_FILE).write_text(json.dumps(config))
+    return folder
+
+
+def test_a_checkpoint_that_stored_retired_options_switched_off_loads(tmp_path: Path, stand_in: StandIn) -> None:
+    """Older configs hold every option their version had; those this one no longer has load while they are off."""
+    stored = {"optim": {"attention_lambda": 1.0, **OPTIM_OFF}, "val": {"beam_size": 3, **VAL_OFF}}
+    folder = _with_stored(save(tmp_path / "ck", stand_in), RETIRED_OFF, stored)
+    loaded = load_checkpoint(folder)
+    assert loaded.model_config == tiny_config()
+    assert loaded.optim is not None and loaded.optim.attention_lambda == 1.0
+
+
+@pytest.mark.parametrize("model, train_config, named", [
+    ({"init_cells": 256, "count_head": 37, "position": True}, None, ["init_cells = 256", "count_head = 37",
+                                                                      "position = true"]),
+    ({"relation_judge": 128}, None, ["relation_judge = 128"]),
+])
+def test_a_checkpoint_that_used_a_retired_option_is_refused_with_one_message(tmp_path: Path, stand_in: StandIn,
+                                                                             model, train_config, named) -> None:
+    folder = _with_stored(save(tmp_path / "scenes_soft", stand_in), {**RETIRED_OFF, **model}, train_config)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(folder)
+    message = str(err.value)
+    assert message.count("which this version no longer has") == 1
+    assert all(f in message for f in named) and "relation_feet" not in message  # only what was switched on
+    assert "retrain it with python -m sat_core.ship scenes_soft" in message and str(folder) in message
+
+
+@pytest.mark.parametrize("section, field, value", [
+    ("optim", "count_lambda", 0.1), ("optim", "attention_target", "mass"), ("val", "count_prior", 1.0),
+    ("val", "one_mention_per_kind", True), ("val", "distinct_content", True), ("val", "relation_choice", 4.0),
+])
+def test_a_run_config_that_used_a_retired_option_is_refused(section, field, value) -> None:
+    from sat_core.config import TrainConfig
+    from sat_core.errors import RetiredOptionError
+
+    with pytest.raises(RetiredOptionError, match=f"trained with {field} = {json.dumps(value)}, which this version"):
+        TrainConfig.from_dict({section: {field: value}})
+    off = TrainConfig.from_dict({section: {field: {**OPTIM_OFF, **VAL_OFF}[field]}})
+    assert off == TrainConfig.from_dict({section: {}})  # switched off: as if it were not there
 
 
 def test_pretrained_never_fetched_when_loading(tmp_path: Path, stand_in: StandIn, monkeypatch) -> None:

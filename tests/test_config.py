@@ -93,6 +93,28 @@ def test_shipped_presets_load():
         assert cfg.data.dataset and cfg.out.startswith("runs/")
 
 
+def test_presets_name_no_retired_option_and_supervised_attention_is_the_only_one_beyond_the_paper():
+    from sat_core.config import RETIRED
+
+    retired = {name for fields in RETIRED.values() for name in fields}
+    for preset in (ROOT / "sat_core" / "presets").glob("*.json"):
+        raw = json.loads(preset.read_text())
+        named = {k for section in raw.values() if isinstance(section, dict) for k in section}
+        assert not named & retired, preset.name
+        cfg = TrainConfig.from_dict(raw)
+        assert cfg.model.deep_output and cfg.model.init_activation == "tanh" and cfg.model.gate_size == "scalar"
+        assert bool(cfg.optim.attention_lambda) == preset.stem.endswith("_supervised"), preset.name
+
+
+def test_retired_options_are_not_options_any_more():
+    from sat_core.config import RETIRED
+
+    for owner, fields in RETIRED.items():
+        current = {f.name for f in dataclasses.fields({"ModelConfig": ModelConfig, "OptimConfig": OptimConfig,
+                                                        "DecodeConfig": DecodeConfig}[owner])}
+        assert not current & set(fields), owner
+
+
 def _help_defaults(text: str) -> dict[str, str]:
     """{first flag of an option: the default its help text shows}, from argparse's wrapped help output."""
     body = text.split("\noptions:\n", 1)[1]

@@ -72,13 +72,13 @@ def test_the_encoders_view_flags_photos_that_the_colour_statistics_let_through(t
                       if e["split"] == split] for split in ("train", "test")}
     cfg = PreprocessConfig(image_size=224, mean=efficientnet.MEAN, std=efficientnet.STD, crop=1.0)
     model = Captioner(ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=112,
-                                  position=True, vocab_size=10)).eval()
+                                  vocab_size=10)).eval()
 
     def annotations(images):
         return mean_annotations(model, torch.stack([preprocess(im, cfg)[0] for im in images]))
 
     train = annotations(scenes["train"])
-    assert train.shape == (40, 112)  # the position channels are left out
+    assert train.shape == (40, 112)
     reference = DomainReference.from_images(scenes["train"])
     reference.annotations = AnnotationReference.from_features(train)
     for scene, vec in zip(scenes["test"], annotations(scenes["test"])):

@@ -283,116 +283,25 @@ def test_attention_gradients_match_plain_autograd(activation, k, fused):
         assert torch.allclose(ours, ref, atol=1e-5), (ours - ref).abs().max()
 
 
-# ---- position channels (ModelConfig.position) -----------------------------------------------------
+# ---- f_init ----------------------------------------------------------------------------------------
 
-def test_cell_positions_run_left_to_right_and_top_to_bottom():
-    from sat_core.models.encoder import cell_positions
-
-    where = cell_positions(3, 4)  # (12, 2) row-major
-    assert where.shape == (12, 2)
-    assert torch.allclose(where[:4, 0], torch.tensor([-1.0, -1 / 3, 1 / 3, 1.0]))  # x along the first row
-    assert torch.equal(where[:4, 1], torch.full((4,), -1.0))  # the top row
-    assert torch.equal(where[-1], torch.tensor([1.0, 1.0]))  # bottom-right cell
-    assert torch.equal(where[4:8, 1], torch.zeros(4))  # the middle row
-
-
-def test_position_appends_each_cells_coordinates_to_the_same_annotations(vocab):
+def test_the_initial_state_reads_the_mean_annotation(vocab):
+    """c_0 = f_init,c(mean_i a_i), h_0 = f_init,h(mean_i a_i): annotations with the same mean start alike
+    (one object's worth of features in one cell, or half of it in two), and others do not."""
     torch.manual_seed(0)
-    plain = Captioner(tiny_config(len(vocab))).eval()
-    placed = Captioner(tiny_config(len(vocab), position=True)).eval()
-    placed.encoder.load_state_dict(plain.encoder.state_dict())
-    images = torch.rand(2, 3, 64, 64)
-    a, b = plain.encode(images), placed.encode(images)
-    assert b.grid == a.grid == (8, 8)
-    assert b.feats.shape == (2, 64, 16 + 2)  # (B, L, D + 2)
-    assert torch.equal(b.feats[..., :16], a.feats)
-    assert torch.equal(b.feats[0, 9, 16:], torch.tensor([-1 + 2 / 7, -1 + 2 / 7]))  # row 1, column 1
-    # The decoder reads D + 2 per cell, and its context of a one-hot α is that cell's position too.
-    assert placed.decoder.lstm.input_size == 16 + 16 + 2 and placed.config.annotation_dim == 18
-    alpha = torch.zeros(2, 64)
-    alpha[:, 63] = 1
-    context, _, _ = attend(b.feats, alpha)
-    assert torch.equal(context[:, 16:], torch.ones(2, 2))
-
-
-def test_position_round_trips_through_a_checkpoint(tmp_path, vocab):
-    from sat_core.checkpoint import load_checkpoint, save_checkpoint
-    from sat_core.config import PreprocessConfig
-
-    torch.manual_seed(0)
-    model = Captioner(tiny_config(len(vocab), position=True)).eval()
-    out = save_checkpoint(tmp_path / "c", model, model_config=model.config, vocab=vocab,
-                          preprocess=PreprocessConfig(image_size=64))
-    loaded = load_checkpoint(out)
-    assert loaded.model_config.position is True
-    images = torch.rand(1, 3, 64, 64)
-    assert torch.equal(loaded.model.encode(images).feats, model.encode(images).feats)
-
-
-# ---- a counting initial state (ModelConfig.init_cells) ---------------------------------------------
-
-def test_init_cells_tells_apart_annotations_whose_mean_is_the_same(vocab):
-    """One object's worth of features in one cell against half of it in two cells: the same mean, so
-    the paper's f_init gives the same (h_0, c_0); the per-cell layer before the sum does not."""
-    torch.manual_seed(0)
-    paper = Captioner(tiny_config(len(vocab))).eval()
-    counting = Captioner(tiny_config(len(vocab), init_cells=32)).eval()
-    D = paper.config.annotation_dim
+    model = Captioner(tiny_config(len(vocab))).eval()
+    D = model.config.feature_dim
     one = torch.zeros(1, 64, D)
     one[0, 5] = 2.0
     two = torch.zeros(1, 64, D)
     two[0, 5] = two[0, 40] = 1.0
-    assert torch.equal(one.mean(1), two.mean(1))
+    other = torch.zeros(1, 64, D)
+    other[0, 5, 0] = 3.0
     with torch.no_grad():
-        _, h_one, c_one = paper.decoder.prepare(one)
-        _, h_two, c_two = paper.decoder.prepare(two)
-        assert torch.allclose(h_one, h_two) and torch.allclose(c_one, c_two)
-        _, h_one, c_one = counting.decoder.prepare(one)
-        _, h_two, c_two = counting.decoder.prepare(two)
-    assert h_one.shape == (1, counting.config.hidden_dim)
-    assert (h_one - h_two).abs().max() > 1e-3 and (c_one - c_two).abs().max() > 1e-3
-    # f_init reads G = 32 numbers, layer-normalised: mean 0 and variance 1 per image.
-    with torch.no_grad():
-        summary = counting.decoder.init_input(two)
-    assert summary.shape == (1, 32)
-    assert abs(float(summary.mean())) < 1e-5 and abs(float(summary.var(unbiased=False)) - 1) < 1e-2
-    assert counting.decoder.init_h[0].in_features == 32 and paper.decoder.init_cells is None
-
-
-def test_blind_init_starts_every_image_from_the_same_state_while_the_count_head_still_reads_it(vocab):
-    """ModelConfig.blind_init: (h_0, c_0) do not depend on the image; the counting state the count head reads does."""
-    torch.manual_seed(0)
-    model = Captioner(tiny_config(len(vocab), init_cells=16, count_head=3, blind_init=True)).eval()
-    feats = torch.randn(2, 64, model.config.annotation_dim)
-    with torch.no_grad():
-        _, h, c = model.decoder.prepare(feats)
-        summary = model.decoder.init_input(feats)
-        counts = model.decoder.count_logits(summary)
-    assert torch.equal(h[0], h[1]) and torch.equal(c[0], c[1])
-    assert torch.equal(h[0], torch.tanh(model.decoder.init_h[0].bias))  # a learnt constant: act(b)
-    assert not torch.equal(summary[0], summary[1]) and (counts[0] - counts[1]).abs().max() > 1e-4
-    seeing = Captioner(tiny_config(len(vocab), init_cells=16, count_head=3)).eval()
-    seeing.load_state_dict(model.state_dict())
-    with torch.no_grad():
-        _, h_seen, _ = seeing.decoder.prepare(feats)
-    assert (h_seen[0] - h_seen[1]).abs().max() > 1e-4  # the same weights, reading the image
-
-
-def test_init_cells_round_trips_through_a_checkpoint_and_trains(tmp_path, vocab):
-    from sat_core.checkpoint import load_checkpoint, save_checkpoint
-    from sat_core.config import PreprocessConfig
-
-    torch.manual_seed(0)
-    model = Captioner(tiny_config(len(vocab), init_cells=24))
-    images, caps = torch.rand(2, 3, 64, 64), captions(2, 6, len(vocab))
-    loss = torch.nn.functional.cross_entropy(model(images, caps).logits.flatten(0, 1), caps[:, 1:].flatten())
-    loss.backward()
-    assert model.decoder.init_cells.layer[0].weight.grad.abs().sum() > 0  # the per-cell layer learns
-    model.eval()
-    out = save_checkpoint(tmp_path / "c", model, model_config=model.config, vocab=vocab,
-                          preprocess=PreprocessConfig(image_size=64))
-    loaded = load_checkpoint(out)
-    assert loaded.model_config.init_cells == 24
-    with torch.no_grad():
-        feats = model.encode(images).feats
-        assert torch.equal(loaded.model.decoder.prepare(feats)[1], model.decoder.prepare(feats)[1])
+        _, h_one, c_one = model.decoder.prepare(one)
+        _, h_two, c_two = model.decoder.prepare(two)
+        _, h_other, _ = model.decoder.prepare(other)
+    assert h_one.shape == (1, model.config.hidden_dim)
+    assert torch.allclose(h_one, h_two) and torch.allclose(c_one, c_two)
+    assert (h_one - h_other).abs().max() > 1e-3
+    assert torch.allclose(h_one, model.decoder.init_h(one.mean(1)))

@@ -191,110 +191,11 @@ def test_cli_writes_a_scenes_world(tmp_path, capsys):
     assert "wrote 3 images" in capsys.readouterr().out
 
 
-def test_count_probe_reads_the_worlds_counts_and_runs_end_to_end(runs, capsys):
-    """sat_core.count_probe: per-category counts come from the scene records; both probes train and report."""
-    from sat_core import count_probe
-
-    root, path = runs["a"]
-    data = json.loads(path.read_text())
-    first = next(im for im in data["images"] if im["split"] == "train")
-    assert count_probe.main(["--data", str(path), "--images", str(root), "--train", "8", "--test", "4",
-                             "--epochs", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "encoded 8 + 4 scenes, 112 × 196 annotations" in out
-    assert out.count("right count of a present category") == 2 and " mean:" in out and "cells:" in out
-
+def test_a_scenes_world_keeps_its_generators_seed(runs):
     from sat_core.data import load_karpathy
 
-    loaded = load_karpathy(path, root)
-    assert loaded.seed == data["seed"]  # the generator's seed, for the model card's world line
-    categories = sorted({o["category"] for im in loaded.images for o in im.objects or []})
-    _, counts = count_probe.encode_split(loaded, "train", 1, _NoEncoder(), count_probe.PreprocessConfig(image_size=32),
-                                         categories)
-    for obj in first["objects"]:
-        assert counts[0, categories.index(obj["category"])] == min(4, sum(
-            o["category"] == obj["category"] for o in first["objects"]))
-    assert int(counts.sum()) == len(first["objects"])
-
-
-def test_count_probe_reads_the_shallow_tap_and_refuses_what_it_cannot_train(runs, capsys):
-    """--shallow probes block 7's 80 channels; --coarse with it, or more trained blocks than it has, fail clearly."""
-    from sat_core import count_probe
-
     root, path = runs["a"]
-    common = ["--data", str(path), "--images", str(root), "--train", "4", "--test", "2", "--epochs", "1"]
-    assert count_probe.main([*common, "--shallow", "--pooling", "mean"]) == 0
-    assert "encoded 4 + 2 scenes, 80 × 196 annotations" in capsys.readouterr().out  # block 7's, not block 10's 112
-    assert count_probe.main([*common, "--shallow", "--pooling", "cells", "--tune-blocks", "1"]) == 0
-    assert "cells + 1 trained blocks: right count" in capsys.readouterr().out
-    assert count_probe.main([*common, "--shallow", "--coarse"]) == 2
-    assert "drop --shallow" in capsys.readouterr().err
-    assert count_probe.main([*common, "--shallow", "--tune-blocks", "8"]) == 2
-    assert "7 with --shallow" in capsys.readouterr().err
-
-
-def test_count_probe_conv_pooling_sees_how_cells_are_arranged():
-    """--pooling conv: two grids with the same cells, adjacent or apart, differ; the per-cell sum cannot tell."""
-    import torch
-
-    from sat_core import count_probe
-    from sat_core.models.decoder import CellSum
-
-    torch.manual_seed(0)
-    together, apart = torch.zeros(1, 196, 8), torch.zeros(1, 196, 8)
-    together[0, [30, 31]] = 1.0  # two neighbouring cells of one row
-    apart[0, [30, 150]] = 1.0  # the same two cells' contents, far apart
-    conv, cells = count_probe.ConvSum(8, 16), CellSum(8, 16)
-    with torch.no_grad():
-        assert conv(together).shape == (1, 16)
-        assert not torch.allclose(conv(together), conv(apart), atol=1e-4)
-        assert torch.allclose(cells(together), cells(apart), atol=1e-6)
-    probe = count_probe.CountProbe(8, 3, "conv")
-    assert probe(together).shape == (1, 3, count_probe.MAX_COUNT + 1)
-
-
-class _NoEncoder:
-    """Stands in for the CNN where only the counts matter."""
-
-    def __call__(self, pixels):
-        from sat_core.models.encoder import Annotations
-        import torch
-
-        return Annotations(torch.zeros(len(pixels), 4, 3), (2, 2))
-
-
-def test_count_probe_tuned_tail_starts_at_the_frozen_annotations_and_learns(runs, capsys):
-    """--tune-blocks N: cached head + the last N blocks = the frozen encoder's annotations, until trained."""
-    import torch
-
-    from sat_core import count_probe
-    from sat_core.config import ModelConfig
-    from sat_core.models.encoder import Encoder
-
-    frozen = Encoder(ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=112)).eval()
-    tuned = Encoder(ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=112, tune_blocks=3))
-    images = torch.rand(2, 3, 224, 224) * 2 - 1
-    tail = count_probe.Tail(tuned)
-    with torch.no_grad():
-        cached = count_probe.Cached(tuned)(images).feats  # (2, 196, 80): the 80-wide stage before the tap
-        assert cached.shape == (2, 196, 80)
-        assert torch.allclose(tail(cached), frozen(images).feats, atol=1e-5)
-    probe = count_probe.CountProbe(112, 3, "cells", tail=tail)
-    trained = [p for p in tuned.parameters() if p.requires_grad]
-    assert len(trained) == sum(1 for b in tuned.body.net._blocks[8:11] for _ in b.parameters())
-    before = [p.detach().clone() for p in trained]
-    count_probe.fit(probe, cached, torch.randint(0, count_probe.MAX_COUNT + 1, (2, 3)), epochs=2)
-    assert any(not torch.equal(a, b) for a, b in zip(before, trained)), "the tail must learn"
-    assert not tuned.training  # batch-norm keeps its ImageNet statistics
-
-    root, path = runs["a"]
-    assert count_probe.main(["--data", str(path), "--images", str(root), "--train", "8", "--test", "4",
-                             "--epochs", "2", "--report-every", "1", "--pooling", "cells", "--tune-blocks", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "encoded 8 + 4 scenes, 112 × 196" in out and "cells + 2 trained blocks: right count" in out
-    assert out.count("cells + 2 trained blocks (epoch 1): right count") == 1 and "(epoch 2)" not in out
-    assert count_probe.main(["--data", str(path), "--images", str(root), "--tune-blocks", "11"]) == 2
-    assert "--tune-blocks 11: trains 1 to 10" in capsys.readouterr().err
+    assert load_karpathy(path, root).seed == json.loads(path.read_text())["seed"]  # for the model card's world line
 
 
 def test_training_with_tune_blocks_trains_only_those_blocks_and_saves_them(runs, tmp_path):

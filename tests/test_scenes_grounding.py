@@ -126,26 +126,3 @@ def test_counts_say_what_was_said_against_the_scene(caption, said, scene, right)
 
 def test_singular_mentions_of_single_objects_are_not_counts():
     assert ground("a brown dog next to a black cat".split(), TWO_DOGS[1:]).counts == []
-
-
-def test_stated_counts_are_a_count_heads_classes():
-    from sat_core.scenes_catalog import COUNTED
-    from sat_core.scenes_grounding import stated_counts
-    counts = stated_counts("two red cars and a blue car and dogs next to a cat in the park".split())
-    named = {COUNTED[k]: n for k, n in enumerate(counts) if n != 0}
-    assert named == {"car": 3, "dog": None, "cat": 1}
-    assert stated_counts("three apples and two apples".split())[COUNTED.index("apple")] == 4  # four or more
-
-
-def test_stated_colour_counts_only_where_every_mention_gives_a_number_and_a_colour():
-    from sat_core.scenes_catalog import COLOUR_PAIRS
-    from sat_core.scenes_grounding import stated_colour_counts
-
-    def said(caption):
-        return {COLOUR_PAIRS[k]: n for k, n in enumerate(stated_colour_counts(caption.split())) if n is not None}
-    assert said("two red cars and a yellow car next to a brown dog on the road") == {
-        ("car", "red"): 2, ("car", "yellow"): 1, ("car", "blue"): 0, ("dog", "brown"): 1, ("dog", "grey"): 0}
-    assert said("two cars and a red car") == {}  # "two cars" leaves their colours open
-    assert said("red balloons in the sky") == {}  # no number
-    assert said("a house and a tree") == {}  # no category that comes in several colours
-    assert said("three red apples and two red apples")[("apple", "red")] == 4  # four or more

@@ -3,7 +3,7 @@
     python -m explorer.dev.photos [--checkpoints checkpoints/scenes_soft checkpoints/scenes_hard] [--beam N]
 
 Prints a Markdown table: each photo, what it shows, each checkpoint's best caption (beam search with
-the beam, length normalisation and one-mention-per-kind rule it was evaluated with, as in the explorer; the checkpoint's own
+the beam and length normalisation it was evaluated with, as in the explorer; the checkpoint's own
 preprocessing) and whether the out-of-domain check would warn (the colour statistics and the encoder's
 mean annotations of the checkpoint's training images, stored in it; "encoder 2.3×": how many times
 farther the photo lies from its nearest training image than the loneliest training image from the rest). The photos ship with scikit-image, so the

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from sat_core import viz
-from sat_core.decoding import Hypothesis, named_objects
+from sat_core.decoding import Hypothesis
 from sat_core.errors import SatError
 from sat_core.regions import box_mask
 
@@ -65,38 +65,13 @@ def draw_closer(image: PreparedImage, words: list[str], best: Hypothesis, settin
                    title=f"α for “{words[t]}” (step {t + 1})")
 
 
-def draw_beam_table(hyps: list[Hypothesis], count_prior: float = 0.0, relation_prior: float = 0.0,
-                    relation_choice: float = 0.0) -> None:
-    """The beam's hypotheses in rank order; with the count head's or the relation judge's ranking, the prior
-    that ranked them too, and with the judge's choice among wordings (``relation_choice``), the prior that ranked
-    the captions naming the same objects."""
-    parts = [f"{count_prior:g} × log p(the counts the caption states) under the count head"] if count_prior else []
-    parts += [f"{relation_prior:g} × log p(the relations it states) under the relation judge"] if relation_prior else []
-    name = "count prior" if not relation_prior else "relation prior" if not count_prior else "prior"
-    ranked = (f"finished captions rank by score + {name}" if not relation_choice else
-              f"the objects a caption names rank by their best caption's score + {name}")
-    wording = "choice prior"
-    statements: dict[tuple[str, ...], int] = {}  # the objects each caption names, numbered in rank order
-    for h in hyps:
-        statements.setdefault(named_objects(h.words), len(statements) + 1)
-    rows = [{"rank": k + 1, "caption": h.caption or "(empty)", "log p": round(h.logprob, 3), "score": round(h.score, 3),
-             **({name: round(h.prior, 3)} if parts else {}),
-             **({"statement": statements[named_objects(h.words)],
-                 wording: None if h.choice is None else round(h.choice, 3)} if relation_choice else {}),
+def draw_beam_table(hyps: list[Hypothesis]) -> None:
+    """The beam's hypotheses in rank order: finished ones by score, then those cut at the length cap."""
+    rows = [{"rank": k + 1, "caption": h.caption, "log p": round(h.logprob, 3), "score": round(h.score, 3),
              "words": len(h.words), "finished": h.finished} for k, h in enumerate(hyps)]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config={
         "rank": st.column_config.NumberColumn(width=40), "caption": st.column_config.TextColumn(width="medium"),
         "log p": st.column_config.NumberColumn(width=60), "score": st.column_config.NumberColumn(width=60),
-        name: st.column_config.NumberColumn(
-            width=70, help=" + ".join(parts) + f"; {ranked} ('Rank by the count head' and 'Rank by the relation "
-                           "judge' in the sidebar)"),
-        "statement": st.column_config.NumberColumn(
-            width=75, help="captions with one number name the same objects (counts, colours, categories), whatever "
-                           "they say of where; the first caption of each ranks it"),
-        wording: st.column_config.NumberColumn(
-            width=90, help=(f"the count prior + {relation_choice:g} × log p(the relations it states) under the "
-                            "relation judge: of the captions naming the same objects, the one with the best score + "
-                            "this comes first")),
         "words": st.column_config.NumberColumn(width=50),
         "finished": st.column_config.CheckboxColumn(width=60, help="False: cut at the length cap")})
 
@@ -114,7 +89,7 @@ def main() -> None:
     with right:
         cut = "" if best.finished else (f" … *(cut at the length cap of {ctx.decode.max_len} words: raise "
                                         "Max length in the sidebar to let it finish)*")
-        st.markdown(f"**Caption:** {best.caption or '(empty)'}{cut}")
+        st.markdown(f"**Caption:** {best.caption}{cut}")
         confidence = math.exp(best.logprob / max(1, len(best.tokens)))
         m1, m2, m3 = st.columns(3)
         m1.metric("log p(caption)", f"{best.logprob:.2f}")
@@ -129,7 +104,7 @@ def main() -> None:
             if check is not None and check.far:
                 draw_domain_warning(check.reasons, check.source, confidence)
         st.markdown(f"**The beam's {len(hyps)} hypotheses** (beam size {ctx.decode.beam_size})")
-        draw_beam_table(hyps, ctx.decode.count_prior, ctx.decode.relation_prior, ctx.decode.relation_choice)
+        draw_beam_table(hyps)
         draw_references(image.references)
     words = maps.step_words(best.words, len(best.alphas))
     st.subheader("Where the model looked for each word")

@@ -43,10 +43,9 @@ def draw_config(loaded: LoadedCheckpoint) -> None:
     params = sum(t.numel() for t in loaded.model.parameters())
     facts = {
         "attention": m.attention, "encoder": m.encoder, "image size": f"{p.image_size}×{p.image_size}",
-        "vocabulary": f"{len(loaded.vocab)} words", "embedding m / LSTM n / D": f"{m.embed_dim} / {m.hidden_dim} / {m.feature_dim}"
-        + (" + 2 (x, y)" if m.position else ""),
+        "vocabulary": f"{len(loaded.vocab)} words", "embedding m / LSTM n / D": f"{m.embed_dim} / {m.hidden_dim} / {m.feature_dim}",
         "gate β": "on" if m.gate and m.attention == "soft" else "off",  # hard attention has no gate
-        "(h₀, c₀) from": f"{m.init_cells}-wide per-cell layer, summed" if m.init_cells else "mean annotation",
+        "(h₀, c₀) from": "mean annotation",
         "α trained by": supervision(loaded),
         "parameters": f"{params:,}", "folder": str(loaded.path),
     }
@@ -58,9 +57,7 @@ def supervision(loaded: LoadedCheckpoint) -> str:
     if loaded.optim is None:
         return "not recorded"
     if loaded.optim.attention_lambda:
-        mass = {"mass": ", on the object's cells (mass)", "objects": ", on each object's cells (objects)"}.get(
-            loaded.optim.attention_target, "")
-        return f"captions + object masks, λ_a = {loaded.optim.attention_lambda:g}{mass}"
+        return f"captions + object masks, λ_a = {loaded.optim.attention_lambda:g} (not in the paper)"
     return "captions alone (the paper)"
 
 

@@ -56,7 +56,7 @@ def caption_ui(ctx: Context, models: list[tuple[str, LoadedCheckpoint]]) -> str:
         if source in ("soft", "hard"):
             name, loaded = models[0 if source == "soft" else 1]
             hyp = beams(ctx, loaded)[0]
-            st.markdown(f"{name}'s caption (beam {ctx.decode.beam_size}, as on *Caption*): **{hyp.caption or '(empty)'}**")
+            st.markdown(f"{name}'s caption (beam {ctx.decode.beam_size}, as on *Caption*): **{hyp.caption}**")
             return hyp.caption
         if source == "reference":
             keep_choice("cmp_ref", list(range(len(references))))

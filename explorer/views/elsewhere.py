@@ -76,7 +76,7 @@ def draw_picker(image: PreparedImage, grid: tuple[int, int], region: np.ndarray)
 def draw_result(title: str, hyp: Hypothesis, image: PreparedImage, ctx: Context, region: np.ndarray,
                 key: str) -> None:
     st.markdown(f"#### {title}")
-    st.markdown(f"**Caption:** {hyp.caption or '(empty)'}")
+    st.markdown(f"**Caption:** {hyp.caption}")
     st.caption(f"log p = {hyp.logprob:.2f}")
     words = maps.step_words(hyp.words, len(hyp.alphas))
     mean_alpha = hyp.alphas.mean(axis=0).reshape(hyp.grid)  # (gh, gw): where the caption looked on average

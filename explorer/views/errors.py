@@ -105,11 +105,9 @@ def draw_summaries(data: dict) -> None:
 
 def _as_evaluated(loaded, cfg) -> bool:
     """Whether the sidebar decodes as the checkpoint's stored records were made: the settings it takes from the
-    checkpoint (beam, length normalisation, one mention per kind, distinct contents, the count head's and the
-    relation judge's ranking) unchanged."""
+    checkpoint (beam, length normalisation) unchanged."""
     made = loaded.decode_defaults()
-    followed = ("beam_size", "length_norm", "one_mention_per_kind", "distinct_content", "count_prior", "relation_prior",
-                "relation_choice")
+    followed = ("beam_size", "length_norm")
     return all(getattr(cfg, name) == getattr(made, name) for name in followed)
 
 
@@ -215,8 +213,7 @@ def main() -> None:
         "records as `python -m sat_core.evaluate --records`. *search error*: *yes* when the model itself scores "
         "one of the references (shown) higher than the caption beam search returned, so a better search "
         "would have helped; *no* when it prefers its own caption to every reference, so the caption's "
-        "mistakes are the model's (`--search-errors`). With *Rank by the count head* on, captions and "
-        "references are compared as the search ranks them: score + count prior."))
+        "mistakes are the model's (`--search-errors`)."))
 
 
 main()

@@ -95,11 +95,6 @@ def draw_step(ctx: Context, image: PreparedImage, session: DecodeSession, hard: 
                     f"“{view.word}” was taken from")
         draw_topk(view.top_words, view.top_probs, view.word, key="step_topk")
         draw_beam_choice(view)
-        if view.blocked:
-            st.caption("Kept out by **one mention per kind** (sidebar): "
-                       + ", ".join(f"“{w}” (p = {p:.2g})" for w, p in view.blocked)
-                       + " — the caption has named that kind already, and a kind comes back only in another "
-                         "colour. Untick the rule to let the model say it.")
         m1, m2, m3 = st.columns(3)
         m1.metric("β_t (gate)", f"{view.beta:.3f}")
         m2.metric(f"p({view.word})", f"{np.exp(view.logprob):.3f}")

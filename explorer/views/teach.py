@@ -49,9 +49,9 @@ def draw_attention(view: StepView, t: int, optim: OptimConfig | None = None) -> 
     gh, gw = view.alpha.shape
     st.subheader("1 · Attention: where to look")
     if optim is not None and optim.attention_lambda:
-        source = "Liu et al., 2017, " if optim.attention_target == "cells" else ""
         st.info(f"This model's α was also trained towards the object each word names (supervised attention, "
-                f"λ_a = {optim.attention_lambda:g}: {optim.attention_term}; {source}not in the paper). Where it "
+                f"λ_a = {optim.attention_lambda:g}: the cross-entropy from the object's cells to α; Liu et al., "
+                "2017, not in the paper). Where it "
                 "looks was taught with the world's masks, not learnt from the captions alone.")
     st.markdown("Every region's annotation vector a_i is scored against the previous hidden state; "
                 "a softmax over the L regions gives the weights α_t.")

@@ -20,7 +20,6 @@ class TeacherForced:
     betas: torch.Tensor  # (B, T)
     log_p_loc: torch.Tensor  # (B, T) log p(s_t | a) of sampled locations (hard), else 0
     sampled: torch.Tensor  # (B,) bool: rows trained with sampled locations (hard attention)
-    counts: torch.Tensor | None = None  # (U, N, 5) the count head's logits per image, in training
 
 
 class Captioner(nn.Module):
@@ -56,21 +55,16 @@ class Captioner(nn.Module):
         feats: torch.Tensor | None = None,
         image_index: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
-        count_encoder: bool = True,
     ) -> TeacherForced:
         """Teacher forcing over captions (B, T+1) = <start> w_1 … <end> [<pad>…].
 
         ``image_index`` (B,) maps captions to rows of ``images`` so the captions of one image share
         one encoder pass. Hard attention in training mode samples locations for a random half of the
         examples (``mix_soft_prob``) and uses the expectation α for the rest, as in the paper.
-        ``count_encoder`` False: the count head reads the counting state's input computed on detached
-        annotations, so its loss does not reach the encoder.
         """
         if feats is None:
             feats = self.encode(images).feats  # (U, L, D)
-        counting = self.training and self.decoder.count_head is not None
-        summary = self.decoder.init_input(feats) if counting else None  # (U, G), shared with the count head
-        prep, h, c = self.decoder.prepare(feats, summary)  # per unique image: (U, L, A), (U, n)
+        prep, h, c = self.decoder.prepare(feats)  # per unique image: (U, L, A), (U, n)
         if image_index is not None:
             if _grouped(image_index, feats.shape[0]):
                 # k adjacent captions per image (--batching image): the decoder reads each image's
@@ -90,10 +84,7 @@ class Captioner(nn.Module):
         )  # (B, T, V), (B, T, L), (B, T), (B, T)
         if sample is None:
             sample = torch.zeros(B, dtype=torch.bool, device=captions.device)
-        if counting and not count_encoder:
-            summary = self.decoder.init_input(feats.detach())
-        counts = self.decoder.count_logits(summary) if counting else None
-        return TeacherForced(logits, alphas, betas, log_p, sample, counts)
+        return TeacherForced(logits, alphas, betas, log_p, sample)
 
 
 def _grouped(image_index: torch.Tensor, n_images: int) -> bool:

@@ -17,7 +17,6 @@ from torch import nn
 
 from sat_core import native
 from sat_core.config import ModelConfig
-from sat_core.errors import SatError
 from sat_core.models.attention import AttentionMLP, attend
 from sat_core.precision import compute_dtype
 
@@ -52,95 +51,17 @@ class StepOut:
     deep_out: torch.Tensor  # (N, m) what L_o reads (after dropout): exact re-scoring of bf16 logits
 
 
-class CellSum(nn.Module):
-    """LayerNorm(Σ_i ReLU(W a_i + b)): annotations (B, L, D) -> (B, G) in fp32.
-
-    A layer applied to every cell before the sum can become one detector per kind of object, so the
-    result says how many of each there are; a mean of annotations cannot (``ModelConfig.init_cells``).
-    """
-
-    def __init__(self, dim: int, width: int) -> None:
-        super().__init__()
-        self.layer = nn.Sequential(nn.Linear(dim, width), nn.ReLU())
-        self.norm = nn.LayerNorm(width)
-
-    def forward(self, feats: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.layer(feats).float().sum(dim=1))
-
-
-MAX_COUNT_CLASSES = 5  # a count head's classes: 0, 1, 2, 3, 4 or more objects of a category
-
-
-class ColourCounter(nn.Module):
-    """How many (0–4) objects of each of N (category, colour) pairs: a CellSum G' wide and a linear head,
-    annotations (B, L, D) -> logits (B, N, 5) (``ModelConfig.colour_counter``, ``sat_core.colour_counter``)."""
-
-    def __init__(self, dim: int, width: int, pairs: int) -> None:
-        super().__init__()
-        self.cells = CellSum(dim, width)
-        self.head = nn.Linear(width, pairs * MAX_COUNT_CLASSES)
-
-    def forward(self, feats: torch.Tensor) -> torch.Tensor:
-        logits = self.head(self.cells(feats)).float()
-        return logits.view(feats.shape[0], -1, MAX_COUNT_CLASSES)
-
-
-RELATION_STEP = 0.5  # cells: the relation judge's p(a left of b) = σ((x_b − x_a) / RELATION_STEP)
-
-
-class RelationJudge(nn.Module):
-    """Where each of C categories lies and where it stands: two maps over the L cells per category — the cells its
-    objects cover, and the cells of the row their feet stand on — each a softmax over the cells of a score per cell
-    (a layer W wide on each annotation, then 2C scores); annotations (B, L, D) -> the centre x and y of the first
-    and the row of the second, (B, C) each, in cells (``ModelConfig.relation_judge``, ``sat_core.relation_judge``).
-    Fitted after training to the scene's objects; decoding reads it only to rank finished captions by the relations
-    they state (``DecodeConfig.relation_prior``)."""
-
-    def __init__(self, dim: int, width: int, categories: int, feet: bool = True) -> None:
-        super().__init__()
-        self.feet = feet  # without feet maps (ModelConfig.relation_feet off) the centre's row stands for the feet
-        self.where = nn.Sequential(nn.Linear(dim, width), nn.ReLU(), nn.Linear(width, (2 if feet else 1) * categories))
-
-    def maps(self, feats: torch.Tensor) -> torch.Tensor:
-        """log p(cell | category's objects), then log p(cell | category's feet): (B, L, 2C) (C without feet)."""
-        return self.where(feats).float().log_softmax(dim=1)
-
-    def forward(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        L = feats.shape[1]
-        side = round(L ** 0.5)
-        cell = torch.arange(L, device=feats.device)
-        p = self.maps(feats).exp()  # (B, L, 2C)
-        C = p.shape[2] // 2 if self.feet else p.shape[2]
-        column, row = (cell % side).float()[None, :, None], (cell // side).float()[None, :, None]
-        x, y = (p[..., :C] * column).sum(1), (p[..., :C] * row).sum(1)
-        return x, y, (p[..., C:] * row).sum(1) if self.feet else y
-
-
 class Decoder(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        D, n, m, K = config.annotation_dim, config.hidden_dim, config.embed_dim, config.vocab_size
+        D, n, m, K = config.feature_dim, config.hidden_dim, config.embed_dim, config.vocab_size
         self.hard = config.attention == "hard"
         # The paper introduces β with soft attention; hard attention's ẑ_t is one region, ungated.
         self.gated = config.gate and not self.hard
         self.embed = nn.Embedding(K, m)  # E
         act = nn.Tanh if config.init_activation == "tanh" else nn.Identity
-        G = config.init_cells
-        # With init_cells, f_init reads a sum of per-cell detectors (how many of each), not the mean.
-        self.init_cells = CellSum(D, G) if G else None
-        # The counting state's own head: how many (0–4) of each category (config.count_head), then of each
-        # (category, colour) pair (config.count_colours), for its loss.
-        # With colour_counter, the colour pairs' counts come from a counter of their own, fitted after training.
-        separate = bool(config.colour_counter and config.count_colours)
-        counted = config.count_head + (0 if separate else config.count_colours)
-        self.count_head = nn.Linear(G, counted * MAX_COUNT_CLASSES) if config.count_head else None
-        self.colour_counter = ColourCounter(D, config.colour_counter, config.count_colours) if separate else None
-        # A relation judge (config.relation_judge), fitted after training: where each counted category lies.
-        self.relation_judge = (RelationJudge(D, config.relation_judge, config.count_head, config.relation_feet)
-                               if config.relation_judge else None)
-        self.blind_init = config.blind_init  # f_init reads zeros: (h_0, c_0) = act(b), learnt constants
-        self.init_h = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,h
-        self.init_c = nn.Sequential(nn.Linear(G or D, n), act())  # f_init,c
+        self.init_h = nn.Sequential(nn.Linear(D, n), act())  # f_init,h
+        self.init_c = nn.Sequential(nn.Linear(D, n), act())  # f_init,c
         self.attention = AttentionMLP(D, n, config.attn_dim, config.attention_activation)  # f_att
         self.f_beta = nn.Linear(n, D if config.gate_size == "vector" else 1) if self.gated else None
         # LSTMCell's gates are an affine map of [input; h_{t−1}] with input = [E y_{t−1}; ẑ_t].
@@ -151,37 +72,16 @@ class Decoder(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.L_o = nn.Linear(m if self.deep_output else n, K)
 
-    def prepare(self, feats: torch.Tensor, summary: torch.Tensor | None = None
-                ) -> tuple[Prepared, torch.Tensor, torch.Tensor]:
-        """Projections for attention and the initial state (h_0, c_0) (B, n) from the mean annotation
-        (or, with ``init_cells``, from the normalised sum of a per-cell layer); ``summary``: that input,
-        when the caller has computed it already (``init_input``).
+    def prepare(self, feats: torch.Tensor) -> tuple[Prepared, torch.Tensor, torch.Tensor]:
+        """Projections for attention and the initial state (h_0, c_0) (B, n) from the mean annotation.
 
         Under bf16 autocast the annotations are cast here, once per image, for the context products;
         the projection and (h_0, c_0) stay fp32.
         """
-        if self.blind_init:  # f_init reads zeros: nothing of the image
-            summary = feats.new_zeros(feats.shape[0], self.init_h[0].in_features, dtype=torch.float32)
-        elif summary is None:
-            summary = self.init_input(feats)  # (B, D) or (B, G)
+        mean = feats.float().mean(dim=1)  # (B, D)
         proj = self.attention.project(feats)  # (B, L, A) fp32
         prep = Prepared(feats.to(compute_dtype(feats)), proj)
-        return prep, self.init_h(summary).float(), self.init_c(summary).float()
-
-    def count_logits(self, summary: torch.Tensor) -> torch.Tensor:
-        """The count head's logits (B, N, 5) from the counting state's input (B, G) (``init_input``):
-        how many of each category, then (``ModelConfig.count_colours``) of each colour pair."""
-        if self.count_head is None:
-            raise SatError("This model has no count head (ModelConfig.count_head = 0).")
-        logits = self.count_head(summary).float()  # (B, N·5)
-        return logits.view(summary.shape[0], -1, MAX_COUNT_CLASSES)
-
-    def init_input(self, feats: torch.Tensor) -> torch.Tensor:
-        """What f_init,h and f_init,c read: the mean annotation (B, D), or with ``init_cells``
-        LayerNorm(Σ_i ReLU(W a_i + b)) (B, G), in fp32."""
-        if self.init_cells is None:
-            return feats.float().mean(dim=1)
-        return self.init_cells(feats)
+        return prep, self.init_h(mean).float(), self.init_c(mean).float()
 
     def _lstm(self, gates: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """LSTMCell's update from its pre-activations (N, 4n) = W_ih x + W_hh h + b; (h, c) stay fp32."""

@@ -211,7 +211,6 @@ class Encoder(nn.Module):
                 f"feature_dim {config.feature_dim} does not match the {config.encoder} encoder's "
                 f"{self.feature_dim}; set feature_dim={self.feature_dim}."
             )
-        self.position = config.position
         # Parameter-free, so checkpoints without pooling load unchanged.
         self.pool = nn.AdaptiveAvgPool2d(config.pool_grid) if config.pool_grid else None
         # vgg, resnet and efficientnet_lite0 are frozen, as in the paper, unless fine-tuning is asked for;
@@ -254,17 +253,5 @@ class Encoder(nn.Module):
             fmap = self.pool(fmap)  # (B, D, pool_grid, pool_grid)
         grid = (fmap.shape[2], fmap.shape[3])
         feats = fmap.flatten(2).transpose(1, 2)  # (B, L, D)
-        if self.position:
-            where = cell_positions(*grid).to(feats).expand(feats.shape[0], -1, -1)  # (B, L, 2)
-            feats = torch.cat([feats, where], dim=2)  # (B, L, D + 2)
         return Annotations(feats, grid)
 
-
-def cell_positions(gh: int, gw: int) -> torch.Tensor:
-    """(gh·gw, 2): each cell's centre (x, y) in row-major order, from −1 (left, top) to 1 (right, bottom).
-
-    A CNN's annotations say what is in a cell but hardly where the cell is (its filters are the same
-    everywhere), so without these the context ẑ_t cannot tell the decoder whether α looks left or right.
-    """
-    y, x = torch.meshgrid(torch.linspace(-1, 1, gh), torch.linspace(-1, 1, gw), indexing="ij")  # (gh, gw)
-    return torch.stack([x.flatten(), y.flatten()], dim=1)  # (L, 2)

@@ -33,12 +33,12 @@ def test_caption_page_shows_the_models_caption_and_beam(app, explorer_env):
     hyps = expected_beams(explorer_env, "soft", explorer_env.scene_path(scene))
     assert app.title[0].value == "Caption"
     assert app.sidebar.selectbox(key="scene").value == scene
-    assert caption_shown(app) == (hyps[0].caption or "(empty)")
+    assert caption_shown(app) == hyps[0].caption
     assert truncation_note(app) == (not hyps[0].finished)  # cut at the length cap: the page says so
     metrics = {m.label: m.value for m in app.metric}
     assert metrics["log p(caption)"] == f"{hyps[0].logprob:.2f}"
     beam_table = app.dataframe[0].value
-    assert list(beam_table["caption"]) == [h.caption or "(empty)" for h in hyps]
+    assert list(beam_table["caption"]) == [h.caption for h in hyps]
     assert len(beam_table) == 3
     labels = [b.proto.label for b in app.get("download_button")]
     assert labels == ["Download figure for slides (PNG, ≥ 1600 px)", "Download animation (GIF)",
@@ -51,7 +51,7 @@ def test_beam_size_and_scene_follow_the_sidebar(app, explorer_env):
     app.sidebar.selectbox(key="scene").set_value(scene)
     app.sidebar.slider(key="beam").set_value(1).run()
     hyps = expected_beams(explorer_env, "soft", explorer_env.scene_path(scene), beam=1)
-    assert caption_shown(app) == (hyps[0].caption or "(empty)")
+    assert caption_shown(app) == hyps[0].caption
     assert len(app.dataframe[0].value) == 1
     assert app.query_params["scene"] == str(scene) and app.query_params["beam"] == "1"
 
@@ -63,8 +63,8 @@ def test_length_normalisation_follows_the_sidebar_and_the_link(app, explorer_env
     app.sidebar.slider(key="lnorm").set_value(1.0).run()
     hyps = expected_beams(explorer_env, "soft", explorer_env.scene_path(scene), beam=5, length_norm=1.0)
     assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
-    assert caption_shown(app) == (hyps[0].caption or "(empty)")
-    assert list(app.dataframe[0].value["caption"]) == [h.caption or "(empty)" for h in hyps]
+    assert caption_shown(app) == hyps[0].caption
+    assert list(app.dataframe[0].value["caption"]) == [h.caption for h in hyps]
     assert app.query_params["lnorm"] == "1.0"
     reopened = new_app({"scene": str(scene), "beam": "5", "lnorm": "1.0"})
     reopened.run()
@@ -76,18 +76,13 @@ def test_decoding_follows_the_checkpoint_unless_a_link_sets_it(explorer_env):
     at.run()
     # what its metrics were measured with
     assert at.sidebar.slider(key="beam").value == 4 and at.sidebar.slider(key="lnorm").value == 1.0
-    assert at.sidebar.checkbox(key="kinds").value is True and at.sidebar.checkbox(key="distinct").value is True
-    # its metrics name no count prior, and it has no count head to rank by
-    assert at.sidebar.checkbox(key="counts").value is False and at.sidebar.checkbox(key="counts").disabled
-    assert at.sidebar.checkbox(key="relations").value is False and at.sidebar.checkbox(key="relations").disabled
-    assert not {"beam", "lnorm", "kinds", "distinct", "counts"} & set(at.query_params)  # the checkpoint's own: links leave them out
+    assert not {"beam", "lnorm"} & set(at.query_params)  # the checkpoint's own: links leave them out
     scene = at.sidebar.selectbox(key="scene").value
     hyps = expected_beams(explorer_env, "hard-normed", explorer_env.scene_path(scene), beam=4, length_norm=1.0)
-    assert caption_shown(at) == (hyps[0].caption or "(empty)")
+    assert caption_shown(at) == hyps[0].caption
     at.sidebar.selectbox(key="ckpt").set_value("tiny-soft").run()
     assert at.sidebar.slider(key="lnorm").value == 0.0  # a checkpoint without the figures: the defaults
-    assert at.sidebar.slider(key="beam").value == 3 and at.sidebar.checkbox(key="kinds").value is False
-    assert at.sidebar.checkbox(key="distinct").value is False
+    assert at.sidebar.slider(key="beam").value == 3
     at.sidebar.slider(key="lnorm").set_value(0.5).run()
     assert at.query_params["lnorm"] == "0.5"
     at.sidebar.selectbox(key="ckpt").set_value("tiny-hard-normed").run()
@@ -112,7 +107,7 @@ def test_bad_upload_shows_the_loader_message_then_a_good_one_captions(app, explo
     good = explorer_env.scene_path(explorer_env.test_ids()[1])
     app.file_uploader[0].set_value(("scene.png", good.read_bytes(), "image/png")).run()
     assert not app.error, [e.value for e in app.error]
-    assert caption_shown(app) == (expected_beams(explorer_env, "soft", good)[0].caption or "(empty)")
+    assert caption_shown(app) == expected_beams(explorer_env, "soft", good)[0].caption
     # a synthetic scene is in the training domain: no warning
     assert not [w for w in app.warning if "synthetic shapes" in w.value]
     assert "scene" not in app.query_params  # uploads cannot travel in links
@@ -237,7 +232,7 @@ def test_photo_upload_warns_by_the_encoders_view_when_colours_look_familiar(expl
 
 
 @pytest.mark.parametrize("ckpt, taught", [("tiny-soft", "not recorded"),
-                                          ("tiny-hard-normed", "captions + object masks, λ_a = 0.5")])
+                                          ("tiny-hard-normed", "captions + object masks, λ_a = 0.5 (not in the paper)")])
 def test_the_card_says_what_taught_alpha(explorer_env, ckpt, taught):
     at = new_app({"ckpt": ckpt})
     at.switch_page("views/card.py")
@@ -245,68 +240,3 @@ def test_the_card_says_what_taught_alpha(explorer_env, ckpt, taught):
     facts = at.dataframe[0].value.set_index("")["value"]
     assert facts["α trained by"] == taught
     assert facts["gate β"] == ("off" if "hard" in ckpt else "on")  # hard attention has no gate, whatever its config
-
-
-def _ranked_app(explorer_env, tmp_path, monkeypatch, name, metrics, box_key, cfg, **model):
-    """A tiny scenes-sized checkpoint with a count head (and ``model``'s extras), evaluated with ``metrics``, open in
-    the app: (the app, its ranking box ``box_key``, which must start on, and the beam ``cfg`` gives its scene)."""
-    import os
-
-    import torch
-
-    from sat_core.checkpoint import load_checkpoint, save_checkpoint
-    from sat_core.config import ModelConfig, PreprocessConfig
-    from sat_core.models.captioner import Captioner
-    from sat_core.scenes_catalog import COUNTED
-
-    soft = explorer_env.checkpoint("soft")
-    torch.manual_seed(4)
-    config = ModelConfig(vocab_size=len(soft.vocab), small_channels=(8, 16, 16), feature_dim=16, embed_dim=16,
-                         hidden_dim=32, attn_dim=16, dropout=0.0, init_cells=8, count_head=len(COUNTED), **model)
-    save_checkpoint(tmp_path / name, Captioner(config).eval(), model_config=config, vocab=soft.vocab,
-                    preprocess=PreprocessConfig(), metrics=metrics)
-    monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
-    at = new_app({"ckpt": name})
-    at.run()
-    assert not at.exception, at.exception
-    box = at.sidebar.checkbox(key=box_key)
-    assert box.value is True and not box.disabled
-    scene = at.sidebar.selectbox(key="scene").value
-    loaded = load_checkpoint(tmp_path / name)
-    tensor, _ = preprocess(load_image(explorer_env.scene_path(scene)), loaded.preprocess)
-    return at, box, beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, cfg)[0]
-
-
-def test_a_checkpoint_ranked_by_its_count_head_shows_the_prior_that_ranked_its_beam(explorer_env, tmp_path,
-                                                                                    monkeypatch):
-    """A checkpoint evaluated with --count-prior: the sidebar's 'Rank by the count head' starts on, the beam
-    table shows each caption's prior (as beam_search computes it), and switching it off drops the column."""
-    at, box, hyps = _ranked_app(explorer_env, tmp_path, monkeypatch, "tiny-counts", {"beam": 3, "count_prior": 0.5},
-                                "counts", DecodeConfig(beam_size=3, count_prior=0.5))
-    table = at.dataframe[0].value
-    assert list(table["caption"]) == [h.caption or "(empty)" for h in hyps]
-    assert list(table["count prior"]) == pytest.approx([round(h.prior, 3) for h in hyps], abs=1e-3)
-    assert all(p < 0 for p in table["count prior"])  # log-probabilities of the counts, weighted by 0.5
-    box.uncheck().run()
-    assert "count prior" not in at.dataframe[0].value.columns
-
-
-def test_the_beam_table_numbers_statements_and_shows_the_judges_choice(explorer_env, monkeypatch, tmp_path):
-    """A checkpoint evaluated with a relation judge choosing the wording (relation choice): the table gives each
-    caption its statement (the objects it names) and the prior that ranked it within it; the switch turns both off."""
-    from sat_core.decoding import named_objects
-
-    at, box, hyps = _ranked_app(explorer_env, tmp_path, monkeypatch, "tiny-judge",
-                                {"beam": 3, "relation_prior": 0.7, "relation_choice": 4.0}, "relations",
-                                DecodeConfig(beam_size=3, relation_prior=0.7, relation_choice=4.0), relation_judge=4)
-    table = at.dataframe[0].value
-    assert list(table["caption"]) == [h.caption or "(empty)" for h in hyps]
-    finished = [h.finished for h in hyps]
-    assert [c for c, f in zip(table["choice prior"], finished) if f] == pytest.approx(
-        [round(h.choice, 3) for h in hyps if h.finished], abs=1e-3)
-    numbers = {}
-    for h in hyps:
-        numbers.setdefault(named_objects(h.words), len(numbers) + 1)
-    assert list(table["statement"]) == [numbers[named_objects(h.words)] for h in hyps]
-    box.uncheck().run()
-    assert "statement" not in at.dataframe[0].value.columns and "choice prior" not in at.dataframe[0].value.columns

@@ -74,26 +74,3 @@ def test_the_page_says_when_a_models_attention_was_supervised(explorer_env):
     supervised = [x.value for x in open_teach({"ckpt": "tiny-hard-normed"}).info if "supervised attention" in x.value]
     assert len(supervised) == 1 and "λ_a = 0.5" in supervised[0] and "not in the paper" in supervised[0]
     assert not [x.value for x in open_teach().info if "supervised attention" in x.value]
-
-
-def test_the_page_and_card_name_the_mass_form_of_supervised_attention(explorer_env, tmp_path, monkeypatch):
-    """A model trained with --attention-target mass: How it works names its term, and the card says how α was taught."""
-    import os
-
-    from sat_core.checkpoint import save_checkpoint
-    from sat_core.config import OptimConfig, PreprocessConfig, TrainConfig
-
-    from tests.explorer.conftest import new_app
-    hard = explorer_env.checkpoint("hard")
-    optim = OptimConfig(attention_lambda=2.0, attention_target="mass")
-    save_checkpoint(tmp_path / "massed", hard.model, model_config=hard.model_config, vocab=hard.vocab,
-                    preprocess=PreprocessConfig(), training={"train_config": TrainConfig(optim=optim).to_dict()},
-                    model_card="# Massed\n")
-    monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
-    supervised = [x.value for x in open_teach({"ckpt": "massed"}).info if "supervised attention" in x.value]
-    assert len(supervised) == 1 and "λ_a = 2: −log of α's weight on the object's cells; not in the paper" in supervised[0]
-    at = new_app({"ckpt": "massed"})
-    at.switch_page("views/card.py")
-    at.run()
-    assert at.dataframe[0].value.set_index("")["value"]["α trained by"] == (
-        "captions + object masks, λ_a = 2, on the object's cells (mass)")
