@@ -85,8 +85,10 @@ class Intervention:
         return edit
 
 
-def _suppressed(vocab: Vocab, cfg: DecodeConfig) -> list[int]:
-    ids = [vocab.pad_id, vocab.start_id]
+def _suppressed(vocab: Vocab, cfg: DecodeConfig, t: int) -> list[int]:
+    """The ids step ``t`` may not produce. <end> is never the first word: no caption is empty (a model can
+    prefer "" on an image unlike its training data; the paper's captions all have words)."""
+    ids = [vocab.pad_id, vocab.start_id] + ([vocab.end_id] if t == 0 else [])
     return ids + [vocab.unk_id] if cfg.suppress_unk else ids
 
 
@@ -178,8 +180,9 @@ def beam_search(
     hypotheses, best first: finished ones by length-normalised score, then, if the length cap was hit
     before K finished, the best unfinished ones. Runs on the model's device in ``cfg.precision``
     (autocast is entered once for the whole decode). An image leaves the batch as soon as it is done,
-    so the others run on fewer rows; the first step runs one row per image. In bf16, finished
-    hypotheses within ``cfg.fp32_ties`` of the best are scored again in fp32 and ranked by it.
+    so the others run on fewer rows; the first step runs one row per image, and never ends the caption
+    (``_suppressed``). In bf16, finished hypotheses within ``cfg.fp32_ties`` of the best are scored again
+    in fp32 and ranked by it.
     """
     cfg = cfg or DecodeConfig()
     K = cfg.beam_size  # DecodeConfig guarantees K ≥ 1 and max_len ≥ 1
@@ -270,7 +273,7 @@ def _search(model, feats, device, vocab, cfg, intervention, generator):
         trace.locations.append(out.location)
         # An image's best candidates are among each row's as many best words (a row's score is a constant).
         n_top = min(width, V)
-        row_words, logp = _top_log_probs(model, out, _suppressed(vocab, cfg), n_top)  # (n, T), (n, T)
+        row_words, logp = _top_log_probs(model, out, _suppressed(vocab, cfg, t), n_top)  # (n, T), (n, T)
         cand = (logp + scores.view(n, 1)).view(len(active), k * n_top)  # (B', k·T)
         top_scores, top_pos = cand.topk(min(width, k * n_top), dim=1)  # (B', width)
         top_rows = top_pos // n_top + k * torch.arange(len(active), device=device).view(-1, 1)  # (B', width)
@@ -501,12 +504,14 @@ class DecodeSession:
         with autocast(self.device, self.cfg.precision):
             out = self.model.decoder.step(prev, h, c, self._prep, sample=sample, generator=gen, alpha_edit=edit)
         V = len(self.vocab)
-        banned = _suppressed(self.vocab, self.cfg)
+        banned = _suppressed(self.vocab, self.cfg, t)
         if force is None:  # the decision beam 1 makes: the best of each row's two best candidates
             words, logp = _top_log_probs(self.model, out, banned, min(2, V))  # (1, 2)
             token = int(words[0, logp[0].argmax()])
         else:
             token = self._token(force)
+            if t == 0 and token == self.vocab.end_id:
+                raise SatError("A caption has at least one word: <end> cannot be the first; force another word.")
         logprob = float(_exact_log_probs(self.model, out, torch.tensor([[token]], device=self.device))[0, 0])
         shown, shown_logp = _top_log_probs(self.model, out, banned, min(self.top_k, V))  # (1, top_k)
         order = shown_logp[0].argsort(descending=True)

@@ -29,11 +29,11 @@ def _reference_greedy(model, vocab, image, max_len):
     prep, h, c = model.decoder.prepare(feats)
     prev, tokens = torch.tensor([vocab.start_id]), []
     banned = [vocab.pad_id, vocab.start_id, vocab.unk_id]
-    for _ in range(max_len):
+    for t in range(max_len):
         out = model.decoder.step(prev, h, c, prep)
         h, c = out.h, out.c
         logits = out.logits[0].clone()
-        logits[banned] = -float("inf")
+        logits[banned + ([vocab.end_id] if t == 0 else [])] = -float("inf")  # no empty caption
         tok = int(logits.argmax())
         tokens.append(tok)
         if tok == vocab.end_id:
@@ -468,3 +468,56 @@ def test_a_reference_as_long_as_the_step_cap_is_unreachable_and_scoring_reuses_a
     encoded = encode_images(tiny_model, image[None], cfg.precision)
     from_annotations = best_reference(tiny_model, vocab, encoded, ["a red circle"], cfg)
     assert from_annotations.score == pytest.approx(from_image.score, abs=1e-5)
+
+
+# ---- no empty caption -----------------------------------------------------------------------------
+
+def _ending_model(vocab, attention="soft"):
+    """A random tiny model whose <end> outscores every word by 30 logits at every step, the first included."""
+    torch.manual_seed(5)
+    model = Captioner(tiny_config(len(vocab), attention=attention)).eval()
+    with torch.no_grad():
+        model.decoder.L_o.bias[vocab.end_id] = 30.0
+    return model
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+@pytest.mark.parametrize("beam,length_norm", [(1, 0.0), (1, 1.0), (3, 0.0), (3, 1.0), (5, 1.0)])
+def test_beam_search_never_ends_at_the_first_step(vocab, attention, beam, length_norm, precision):
+    """<end> scores best at step 1, yet every hypothesis has one word, then ends: the rule forbids only the
+    empty caption, and the word's log p stays the model's (<end> still takes its share of the softmax)."""
+    model = _ending_model(vocab, attention)
+    prep, h, c = model.decoder.prepare(model.encode(_images(1)).feats)
+    first = model.decoder.step(torch.tensor([vocab.start_id]), h, c, prep)
+    assert int(first.logits[0].argmax()) == vocab.end_id  # the case the rule is for
+    cfg = DecodeConfig(beam_size=beam, length_norm=length_norm, max_len=8, precision=precision)
+    for hyps in beam_search(model, _images(4), vocab, cfg):
+        assert len(hyps) == beam
+        for hyp in hyps:
+            assert len(hyp.words) == 1 and hyp.finished and hyp.tokens[-1] == vocab.end_id
+            assert hyp.logprob < -25  # the first word was far less likely than <end>: not renormalised away
+
+
+def test_sampled_hard_locations_never_give_an_empty_caption(vocab):
+    model = _ending_model(vocab, "hard")
+    for hyp in sample_hard(model, vocab, _images(1)[0], 6, seed=3, cfg=DecodeConfig(precision="fp32")):
+        assert len(hyp.words) == 1 and hyp.finished
+    cfg = DecodeConfig(beam_size=2, hard_mode="sample", seed=1, precision="fp32")
+    assert all(len(h.words) == 1 for hyps in beam_search(model, _images(3), vocab, cfg) for h in hyps)
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_a_decode_session_never_ends_at_the_first_step(vocab, attention):
+    model = _ending_model(vocab, attention)
+    image = _images(1)[0]
+    cfg = DecodeConfig(beam_size=1, max_len=8, precision="fp32")
+    session = DecodeSession(model, vocab, image, cfg, top_k=len(vocab))
+    steps = session.run()
+    assert len(steps) == 2 and steps[0].token != vocab.end_id and steps[1].token == vocab.end_id
+    assert "<end>" not in steps[0].top_words and steps[1].top_words[0] == "<end>"
+    assert session.words == beam_search(model, image[None], vocab, cfg)[0][0].words  # the same decision as greedy
+    session.back()
+    session.back()
+    with pytest.raises(SatError, match="at least one word"):
+        session.step(force="<end>")
