@@ -119,8 +119,40 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
               if isinstance(v, (int, float))]
     lines += [f"| attention {k} | {_figure(v)} |" for k, v in metrics.get("attention", {}).items()
               if isinstance(v, (int, float))]
+    lines += generalisation_lines(metrics.get("generalisation"))
     lines += ["", f"Produced by `sat_core.evaluate`; `{RECORDS_FILE}` holds the per-image records."]
     return "\n".join(lines) + "\n"
+
+
+# The generalisation table's rows: (label, key of sat_core.generalisation.set_figures).
+_GENERALISATION_ROWS = (
+    ("object precision", "precision"), ("object recall", "recall"), ("category recall", "category_recall"),
+    ("count accuracy", "count_accuracy"), ("relation accuracy", "relation_accuracy"),
+    ("attention correctness", "attention_correctness"), ("× uniform", "attention_ratio"),
+    ("α entropy (nats)", "alpha_entropy"), ("BLEU-4", "BLEU-4"), ("empty captions", "empty_captions"),
+    ("out-of-domain warnings", "warned"), ("images", "n_images"),
+)
+
+
+def generalisation_lines(figures: dict[str, dict[str, Any]] | None) -> list[str]:
+    """The card's section on the sets off the generator (``sat_core.generalisation``): one column per set."""
+    if not figures:
+        return []
+    names = list(figures)
+    lines = ["", "## Off the generator",
+             "The test split beside sets the model never trained on nor was selected on: the *shifted* split "
+             "(surface styles and horizons training never draws) and the test split flipped, zoomed out to 70 %, "
+             "darkened to 60 %, saved as JPEG at quality 20, cropped to its central 80 % and turned grey "
+             "(`python -m sat_core.transforms`). Same decoding as above.", "",
+             "| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+    for label, key in _GENERALISATION_ROWS:
+        lines.append(f"| {label} | " + " | ".join(_figure(figures[n].get(key)) for n in names) + " |")
+    mirror = figures.get("hflip", {}).get("mirror")
+    if mirror and mirror.get("surviving"):
+        lines += ["", f"Flipped scenes: {mirror['mirrored']} of the {mirror['surviving']} left/right statements "
+                      "that the flipped scene's caption makes again about the same pair are mirrored "
+                      f"({_figure(mirror['share'])}; {mirror['stated']} stated on the originals)."]
+    return lines
 
 
 def write_card(loaded: LoadedCheckpoint, result: dict[str, Any], *, about: Sequence[str] = ()) -> list[str]:

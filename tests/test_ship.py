@@ -151,11 +151,15 @@ def test_ship_hands_the_training_its_share_of_the_budget_and_says_how_long_it_to
     assert ship.main(["scenes_soft", "--minutes", "20", "--out", str(tmp_path)]) == 0
     [(preset, minutes)] = calls
     assert preset == "scenes_soft.json"
-    # below the preset's 42: the budget less the evaluation
-    assert 20 - ship.EVALUATION_MINUTES - 0.1 < minutes <= 20 - ship.EVALUATION_MINUTES
+    # below the preset's 42: the budget less the evaluation, the sets off the generator's included
+    reserve = ship.EVALUATION_MINUTES + ship.GENERALISATION_MINUTES
+    assert 20 - reserve - 0.1 < minutes <= 20 - reserve
     assert f"ship: {tmp_path / 'scenes_soft'} written in 0.0 min (budget 20)" in capsys.readouterr().out
-    assert ship.main(["scenes_soft", "--minutes", "3"]) == 2  # no time left to train: refused, said why
-    assert "--minutes 3 leaves 0.5 min to train" in capsys.readouterr().err
+    assert ship.main(["scenes_soft", "--minutes", "7"]) == 2  # no time left to train: refused, said why
+    assert "--minutes 7 leaves 0.5 min to train" in capsys.readouterr().err
+    calls.clear()
+    assert ship.main(["shapes_soft", "--minutes", "20", "--out", str(tmp_path)]) == 0  # no such sets for shapes
+    assert 20 - ship.EVALUATION_MINUTES - 0.1 < calls[0][1] <= 20 - ship.EVALUATION_MINUTES
 
 
 def test_the_card_says_how_long_the_setup_took_when_the_log_kept_it(tmp_path):
@@ -217,3 +221,46 @@ def test_a_supervised_preset_is_its_shipped_preset_plus_attention_lambda(kind):
     assert supervised["optim"].pop("attention_lambda") == 1.0 and "attention_lambda" not in plain["optim"]
     assert supervised.pop("out") == f"runs/scenes_{kind}_supervised" and plain.pop("out") == f"runs/scenes_{kind}"
     assert supervised == plain  # the paper's model plus supervised attention, nothing else
+
+
+def test_the_scenes_card_shows_the_sets_off_the_generator_beside_the_test_split_and_what_was_chosen_on_what(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"epoch": k, "time_s": 60.0, "captions_per_s": 50.0, "nll": 1.0, "val": {"BLEU-4": b, "CIDEr": c}}
+             for k, b, c in [(1, 0.3, 2.0), (2, 0.5, 3.5), (3, 0.45, 3.2)]]
+    (run / "log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    summary = ship.training_summary(run)
+    assert summary["best_epoch"] == 2 and [v["epoch"] for v in summary["validation"]] == [1, 2, 3]
+    row = {"n_images": 500, "precision": 0.96, "recall": 0.91, "category_recall": 0.93, "empty_captions": 0,
+           "alpha_entropy": 3.5, "warned": 0.02}
+    figures = {"test": row, "shifted": {**row, "recall": 0.8}, "hflip": {**row, "mirror": {
+        "stated": 40, "surviving": 30, "mirrored": 27, "share": 0.9}}}
+    cfg = TrainConfig.from_dict(json.loads(ship.preset_path("scenes_hard").read_text()))
+    metrics = {**METRICS, "generalisation": figures, "training": {**METRICS["training"], **summary}}
+    text = ship.model_card("scenes_hard", cfg, {}, metrics)
+    assert "| | test | shifted | hflip |" in text and "| object recall | 0.910 | 0.800 | 0.910 |" in text
+    assert "| empty captions | 0 | 0 | 0 |" in text and "| count accuracy | n/a | n/a | n/a |" in text
+    assert "27 of the 30 left/right statements" in text and "(0.900; 40 stated" in text
+    assert "| 2 | 0.500 | 3.500 |" in text and "## Validation (what the shipped epoch was chosen on)" in text
+    assert "Fixed before training and read on no split" in text and "λ_r = 1" in text
+    plain = ship.model_card("shapes_soft", TrainConfig.from_dict(json.loads(ship.preset_path("shapes_soft").read_text())),
+                            {}, METRICS)
+    assert "Off the generator" not in plain and "## Choices" not in plain
+
+
+def test_the_generalisation_sets_are_written_beside_the_world_when_missing_or_older(tmp_path, monkeypatch):
+    from sat_core import world
+
+    monkeypatch.setattr(ship, "GENERALISATION_SCENES", 4)
+    root = tmp_path / "data"
+    world.generate(root / "scenes", 6, 2, 4, seed=0, kind="scenes")
+    cfg = TrainConfig.from_dict({"data": {"dataset": str(root / "scenes" / "dataset.json"),
+                                          "images": str(root / "scenes")}})
+    shifted, suite = ship.ensure_generalisation_sets(cfg)
+    assert shifted == root / "scenes_shifted" / "dataset.json"
+    assert json.loads(shifted.read_text())["shifted"] is True
+    assert sorted(p.parent.name for p in suite.glob("*/dataset.json")) == sorted(
+        ["hflip", "zoom_out", "brightness", "jpeg", "crop", "grayscale"])
+    stamp = (suite / "hflip" / "dataset.json").stat().st_mtime_ns
+    ship.ensure_generalisation_sets(cfg)  # up to date: left as it is
+    assert (suite / "hflip" / "dataset.json").stat().st_mtime_ns == stamp
