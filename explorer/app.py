@@ -76,7 +76,9 @@ def main() -> None:
         from explorer.settings import server_settings
         from explorer.sidebar import draw_sidebar
         from explorer.state import set_context
+        from sat_core.allocator import keep_freed_memory
 
+        keep_freed_memory()  # the server encodes images in batches: keep freed memory (once per process)
         set_context(draw_sidebar(server_settings()))
     try:
         page.run()

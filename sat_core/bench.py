@@ -68,6 +68,7 @@ from typing import Any
 import torch
 
 from sat_core import native
+from sat_core.allocator import keep_freed_memory
 from sat_core.config import DecodeConfig, ModelConfig
 from sat_core.decoding import beam_search, pick_device
 from sat_core.errors import SatError
@@ -722,6 +723,7 @@ def run(what: str, devices: list[torch.device], *, quick: bool = False, precisio
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    keep_freed_memory()
     try:
         devices = _devices(args.device)
         if args.threads < 0:

@@ -29,6 +29,7 @@ import torch
 from PIL import Image
 
 from sat_core import cli
+from sat_core.allocator import keep_freed_memory
 from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint
 from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.decoding import Hypothesis, beam_search, pick_device
@@ -203,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     args = build_parser().parse_args(argv)
+    keep_freed_memory()
     sources, failed = expand_sources(args.images)
     with ExitStack() as stack:
         try:

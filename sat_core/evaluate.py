@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from sat_core import cli
+from sat_core.allocator import keep_freed_memory
 from sat_core import alpha
 from sat_core import generalisation
 from sat_core.caption_errors import WordStats, check_against_references
@@ -482,6 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    keep_freed_memory()
     try:
         if args.limit is not None and args.limit < 1:
             raise SatError(f"--limit must be at least 1, not {args.limit}.")

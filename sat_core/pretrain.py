@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sat_core.allocator import keep_freed_memory
 from sat_core.io import save_tensors_atomic, write_json_atomic
 from sat_core.config import ModelConfig, PreprocessConfig
 from sat_core.data import ImageStore, load_karpathy, normalise
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small-channels", type=int, nargs="+", default=[24, 48, 96])
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    keep_freed_memory()
     try:
         pretrain(args.data, args.images, args.out, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
                  channels=tuple(args.small_channels), seed=args.seed)

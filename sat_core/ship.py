@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from sat_core import card
+from sat_core.allocator import keep_freed_memory
 from sat_core import checkpoint as ckpt
 from sat_core.config import DecodeConfig, TrainConfig
 from sat_core.data import KarpathyData, load_karpathy
@@ -365,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{EVALUATION_MINUTES:g} min for the evaluation (scenes models: {GENERALISATION_MINUTES:g} "
                         "more for the generalisation sets; the preset's max_minutes if that is less)")
     args = p.parse_args(argv)
+    keep_freed_memory()
     started = time.perf_counter()
     preset = preset_path(args.name)
     try:

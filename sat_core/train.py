@@ -24,6 +24,7 @@ import torch
 
 from sat_core import checkpoint as ckpt
 from sat_core import cli
+from sat_core.allocator import keep_freed_memory
 from sat_core.card import annotation_statistics, domain_images, training_statistics
 from sat_core.train_checks import check_config, check_resume
 from sat_core.flatstate import flatten_state, unflatten_state
@@ -682,6 +683,7 @@ def main(argv: list[str] | None = None) -> int:
     except SatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    keep_freed_memory()
     try:
         trainer = Trainer(cfg, resume)
         result = trainer.run()

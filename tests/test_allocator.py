@@ -1,6 +1,9 @@
-"""sat_core keeps freed memory: an encoder pass reuses the previous pass's pages."""
+"""The commands keep freed memory (an encoder pass reuses the previous pass's pages); importing sat_core does not."""
 
+import os
 import resource
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -9,8 +12,9 @@ from sat_core import allocator
 from sat_core.models.efficientnet import EfficientNetLite0
 
 
-@pytest.mark.skipif(not allocator.KEPT, reason="needs glibc's mallopt (Linux)")
 def test_encoder_passes_reuse_freed_pages():
+    if not allocator.keep_freed_memory():
+        pytest.skip("needs glibc's mallopt (Linux)")
     model = EfficientNetLite0().eval()  # random weights: only the allocation pattern matters
     images = torch.randn(16, 3, 224, 224)  # activations up to 16×96×112×112 fp32 (77 MB)
     faults = []
@@ -27,15 +31,25 @@ def test_encoder_passes_reuse_freed_pages():
 
 
 def test_keep_freed_memory_is_idempotent():
-    assert allocator.keep_freed_memory() == allocator.KEPT
+    assert allocator.keep_freed_memory() == allocator.keep_freed_memory()
+    assert allocator.asked()
+
+
+def _run(code: str, **env: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                          check=True)
+    return done.stdout.strip()
 
 
 def test_environment_can_keep_glibcs_defaults():
-    import os
-    import subprocess
-    import sys
+    code = "import sat_core.allocator as a; print(a.keep_freed_memory())"
+    assert _run(code, SAT_KEEP_FREED_MEMORY="0") == "False"
 
-    code = "import sat_core.allocator as a; print(a.KEPT)"
-    env = {**os.environ, "SAT_KEEP_FREED_MEMORY": "0"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+
+def test_importing_the_library_leaves_the_allocator_alone():
+    """Every module of sat_core imported (the commands' too, without running them): nobody asked for mallopt."""
+    code = ("import importlib, pkgutil, sat_core, sat_core.allocator as a\n"
+            "for m in pkgutil.walk_packages(sat_core.__path__, 'sat_core.'):\n"
+            "    importlib.import_module(m.name)\n"
+            "print(a.asked())")
+    assert _run(code) == "False"
