@@ -507,7 +507,7 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
 
 def run_compile(device: torch.device, quick: bool = False) -> dict[str, Any]:
     """Best ms of 20 calls of the decode step's attention scores, chunked eager vs ``torch.compile`` (fp32)."""
-    from sat_core.models.attention import _scores
+    from sat_core.models.attention_fast import _scores
 
     B, k, L, A = (8, 5, 196, 512) if quick else (64, 5, 196, 512)
     gen = torch.Generator().manual_seed(0)

@@ -244,12 +244,14 @@ def test_tutorial_variants_lean_teacher_forcing_matches_steps(vocab):
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 @pytest.mark.parametrize("k", [1, 3])
-def test_attention_gradients_match_plain_autograd(activation, k, fused):
-    """The recomputing backward of f_att (a few images at a time, the projection's gradient gathered
-    over steps in one buffer; for tanh on a CPU, sat_core.native's loops) gives autograd's gradients."""
+def test_attention_gradients_match_plain_autograd(activation, k, fused, monkeypatch):
+    """The fast backend of f_att (the σ trick; a recomputing backward a few images at a time, the
+    projection's gradient gathered over steps in one buffer; for tanh on a CPU, sat_core.native's loops)
+    gives the plain equations' α and autograd's gradients."""
     import contextlib
 
     from sat_core import native
+    from sat_core.models import attention_fast
     from sat_core.models.attention import AttentionMLP
 
     if fused and not native.available():
@@ -259,28 +261,53 @@ def test_attention_gradients_match_plain_autograd(activation, k, fused):
 
     torch.manual_seed(0)
     mlp = AttentionMLP(6, 5, 7, activation)
-    mlp.chunk_images = 2  # B = 5 images: chunks of 2, 2 and 1
+    monkeypatch.setattr(attention_fast, "CHUNK_IMAGES", 2)  # B = 5 images: chunks of 2, 2 and 1
     feats, h = torch.randn(5, 4, 6), torch.randn(5 * k, 5)
     weights = torch.randn(3, 5 * k, 4)
 
-    def plain(proj, h):  # the paper's formula, written out: w^T act(W_a a + b + W_h h) + w_0
-        act = torch.tanh if activation == "tanh" else torch.relu
-        e = mlp.w(act(proj.unsqueeze(1) / 2 + mlp.W_h(h).view(5, k, 1, 7))).squeeze(-1)  # (B, k, L)
-        return torch.softmax(e.view(5 * k, 4), dim=1)
-
     grads = []
-    for fn in (mlp.forward, plain):
+    for backend in ("fast", "plain"):
+        mlp.backend = backend
         mlp.zero_grad()
         h_ = h.clone().requires_grad_()
         with switch():
             proj = mlp.project(feats)  # read by three steps, as in teacher forcing: their gradients add up
-            alpha = torch.stack([fn(proj, h_ * (t + 1)) for t in range(3)])
+            alpha = torch.stack([mlp(proj, h_ * (t + 1)) for t in range(3)])
             (alpha * weights).sum().backward()
         grads.append([alpha.detach(), h_.grad, mlp.W_a.weight.grad, mlp.W_a.bias.grad, mlp.W_h.weight.grad,
                       mlp.w.weight.grad])
     for ours, ref in zip(*grads):
         assert ours.abs().max() > 0
         assert torch.allclose(ours, ref, atol=1e-5), (ours - ref).abs().max()
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_the_paper_s_equations_and_the_fast_backend_train_and_decode_alike(vocab, attention):
+    """A whole model with f_att as plain PyTorch (eq. 4–5 as written) and with the fast backend: the same
+    teacher-forced logits and gradients, and beam search finds the same captions with the same α."""
+    from sat_core.config import DecodeConfig
+    from sat_core.decoding import beam_search
+
+    torch.manual_seed(0)
+    model = Captioner(tiny_config(len(vocab), attention=attention)).eval()
+    images, caps = torch.randn(2, 3, 112, 112), captions(4, 6, len(vocab))
+    results = []
+    for backend in ("fast", "plain"):
+        model.decoder.attention.backend = backend
+        model.zero_grad()
+        out = model(images, caps, image_index=torch.tensor([0, 0, 1, 1]))
+        out.logits.square().mean().backward()
+        grads = [p.grad.clone() for p in model.decoder.parameters() if p.grad is not None]
+        hyps = beam_search(model, images, vocab, DecodeConfig(beam_size=3, max_len=8, precision="fp32"))
+        results.append((out.logits.detach(), grads, hyps))
+    (logits, grads, hyps), (ref_logits, ref_grads, ref_hyps) = results
+    torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-5)
+    for ours, ref in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-6)
+    for ours, ref in zip(hyps, ref_hyps):
+        assert [h.tokens for h in ours] == [h.tokens for h in ref]
+        for a, b in zip(ours, ref):
+            assert abs(a.score - b.score) < 1e-5 and abs(a.alphas - b.alphas).max() < 1e-5
 
 
 # ---- f_init ----------------------------------------------------------------------------------------

@@ -1,6 +1,13 @@
 """f_att and the two ways of turning α into a context vector ẑ_t (PAPER.md: soft and hard attention).
 
-Soft and hard attention share one signature: ``attend(feats, alpha, mode, generator)`` returns the
+    e_ti = f_att(a_i, h_{t−1}) = w^T tanh(W_a a_i + W_h h_{t−1} + b)       (eq. 4)
+    α_ti = exp(e_ti) / Σ_k exp(e_tk)                                       (eq. 5)
+
+``AttentionMLP`` computes them as written, in plain PyTorch, with ``backend="plain"``. The default
+``backend="fast"`` (``attention_fast``) computes the same α with the σ trick, in cache-sized blocks and
+sat_core.native's C loops; tests/test_model.py holds the two equal, values and gradients.
+
+Soft and hard attention share one signature: ``attend(feats, alpha, sample=…, generator=…)`` returns the
 context, the sampled location (−1 when none was sampled) and log p(s_t | a) for the REINFORCE term.
 """
 
@@ -9,212 +16,49 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sat_core import native
-from sat_core.precision import compute_dtype
+from sat_core.models import attention_fast
+
+ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
+BACKENDS = ("fast", "plain")
 
 
 class AttentionMLP(nn.Module):
-    """e_ti = w^T tanh(W_a a_i + W_h h_{t−1} + b);  α_t = softmax(e_t).
+    """f_att: e_ti = w^T act(W_a a_i + W_h h_{t−1} + b), α_t = softmax(e_t).
 
-    Computed as tanh(x) = 2σ(2x) − 1: the constant −w^T 1 + w_0 drops out of the softmax, so
-    α_t = softmax(2w^T σ(2(W_a a_i + b) + 2 W_h h_{t−1})). On this project's CPU σ runs about 6× faster
-    than tanh, and this elementwise block over (N, L, A) is half a decode step at batch 64 × beam 5.
-
-    ``activation="relu"`` replaces tanh, as sgrvinod's tutorial does (for converted checkpoints): ReLU is
-    positively homogeneous, so on the same doubled projections w^T relu(x) = ½ w^T relu(2x).
-
-    The block is never materialised whole: a few images at a time it is formed in a buffer that stays
-    in cache, and under autograd (``_Scores``) the backward pass forms it again rather than storing it.
-    On a CPU, ``sat_core.native`` computes the scores, and under autograd their backward pass, in fused
-    C loops where they can be built (the same values to fp32 rounding; the scores about twice as fast at
-    batch 64 × beam 5, the backward pass about five times at COCO size in training).
+    ``activation="relu"`` replaces tanh, as sgrvinod's tutorial does (for converted checkpoints).
+    ``backend`` picks how the same numbers are computed (see the module's docstring); it may be changed on
+    a built model, between decodes: a projection from ``project`` is read by the backend that made it.
     """
 
-    # Images per chunk of the (chunk, k, L, A) block in no-grad decoding: small enough to stay in
-    # cache (5 beams × 196 × 512 fp32 is 2 MB per image), large enough to amortise the call overhead.
-    # Measured at COCO dims, batch 64 × beam 5: 1 → 49 ms, 2 → 40, 4 → 30, 8 → 56, 16 → 49, whole → 124.
-    # On a GPU the chunks would only multiply kernel launches (there a step is launch-bound, not
-    # cache-bound), so it runs every image in one chunk.
-    chunk_images = 4
-
-    def __init__(self, feature_dim: int, hidden_dim: int, attn_dim: int, activation: str = "tanh") -> None:
+    def __init__(self, feature_dim: int, hidden_dim: int, attn_dim: int, activation: str = "tanh",
+                 backend: str = "fast") -> None:
         super().__init__()
-        self.relu = activation == "relu"
+        if activation not in ACTIVATIONS or backend not in BACKENDS:
+            raise ValueError(f"activation must be one of {list(ACTIVATIONS)} and backend one of {BACKENDS}")
+        self.activation, self.backend = activation, backend
         self.W_a = nn.Linear(feature_dim, attn_dim)  # carries the bias b
         self.W_h = nn.Linear(hidden_dim, attn_dim, bias=False)
         self.w = nn.Linear(attn_dim, 1)
 
     def project(self, feats: torch.Tensor) -> torch.Tensor:
-        """2(W_a a_i + b) in fp32: independent of t, so computed (and cast) once per image."""
-        proj = 2 * self.W_a(feats).float()  # (B, L, A)
-        if torch.is_grad_enabled() and proj.requires_grad:
-            sink = _GradSink()
-            proj = _Collect.apply(proj, sink)
-            proj._grad_sink = sink  # read by ``forward``: every step adds its gradient into one buffer
-        return proj
+        """W_a a_i + b for every region (B, L, A) in fp32: independent of t, so computed once per image."""
+        if self.backend == "fast":
+            return attention_fast.project(self, feats)
+        return self.W_a(feats).float()
 
     def forward(self, proj: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """α (fp32) for N = B·k rows of hidden state over B images' projections (B, L, A) from ``project``.
+        """α_t (N, L) fp32 for N = B·k rows of h_{t−1} over B images' projections (B, L, A) from ``project``.
 
         The k rows of one image (its beams) are adjacent and share the image's projection, so beam
-        search never copies the annotations k times. Without gradients the block is formed a few
-        images at a time and never materialised whole.
+        search never copies the annotations k times.
         """
+        if self.backend == "fast":
+            return attention_fast.alpha(self, proj, h)
         B, L, A = proj.shape
         k = h.shape[0] // B
-        wh = 2 * self.W_h(h).float().view(B, k, 1, A)  # (B, k, 1, A)
-        w = (0.5 if self.relu else 2) * self.w.weight.float().view(A)  # (A,)
-        step = B if proj.is_cuda else self.chunk_images
-        if torch.is_grad_enabled():
-            sink = getattr(proj, "_grad_sink", None)
-            e = _Scores.apply(proj, wh, w, self.relu, step, sink)  # (B, k, L)
-            # w's bias cancels in the softmax (zero gradient), but DDP wants every parameter used.
-            e = e + self.w.bias.float()
-        elif _fused_here(proj, self.relu):
-            e = native.attention_scores(proj, wh.view(B, k, A), w)  # one fused loop, same values
-        else:
-            e = _scores(proj, wh, w, self.relu, step)
-        return torch.softmax(e.view(B * k, L), dim=1)  # (N, L)
-
-
-def _blocks(proj: torch.Tensor, wh: torch.Tensor, relu: bool, step: int):
-    """(first image, act(proj + wh) for ``step`` images (c, k, L, A)) in one reused buffer."""
-    B = proj.shape[0]
-    buf = proj.new_empty(min(step, B), wh.shape[1], *proj.shape[1:])  # reused: stays in cache
-    for s in range(0, B, step):
-        x = buf[: min(B - s, step)]
-        torch.add(proj[s : s + step].unsqueeze(1), wh[s : s + step], out=x)
-        yield s, (x.relu_() if relu else x.sigmoid_())
-
-
-def _scores(proj: torch.Tensor, wh: torch.Tensor, w: torch.Tensor, relu: bool, step: int) -> torch.Tensor:
-    """e (B, k, L) = act(proj + wh) · w, a few images at a time."""
-    B, L, A = proj.shape
-    e = proj.new_empty(B, wh.shape[1], L)
-    for s, x in _blocks(proj, wh, relu, step):
-        # torch.mv is outside autocast's bf16 list: the scores stay fp32 (matmul/@ would round them).
-        torch.mv(x.view(-1, A), w, out=e[s : s + step].view(-1))  # (c·k·L,)
-    return e
-
-
-class _GradSink:
-    """One (B, L, A) gradient buffer for a projection that every time step reads."""
-
-    def __init__(self) -> None:
-        self.grad: torch.Tensor | None = None
-
-    def buffer(self, like: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """(the buffer, whether it is new: the caller writes instead of adding)."""
-        if self.grad is None:
-            self.grad = torch.empty_like(like)
-            return self.grad, True
-        return self.grad, False
-
-    def take(self) -> torch.Tensor | None:
-        grad, self.grad = self.grad, None
-        return grad
-
-
-class _Collect(torch.autograd.Function):
-    """Identity on the projection whose backward hands on what the steps added into the sink.
-
-    Without it autograd would give each of the T steps its own (B, L, A) gradient and sum them, two
-    more passes through memory per step; autograd runs this node after all the steps that read it.
-    """
-
-    @staticmethod
-    def forward(ctx, proj, sink):
-        ctx.sink = sink
-        ctx.set_materialize_grads(False)
-        return proj.view_as(proj)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        collected = ctx.sink.take()
-        if grad is None:
-            return collected, None
-        return (grad if collected is None else collected + grad), None
-
-
-class _Scores(torch.autograd.Function):
-    """``_scores`` with a backward pass that forms the block again, a few images at a time.
-
-    Autograd would store the (B, k, L, A) activations at every step and stream them through memory
-    four more times; recomputing them in cache is cheaper on a CPU (one more sigmoid per element).
-    With a sink (from ``project``) the projection's gradient is added there instead of returned.
-    """
-
-    @staticmethod
-    def forward(ctx, proj, wh, w, relu, step, sink=None):
-        ctx.save_for_backward(proj, wh, w)
-        ctx.relu, ctx.step, ctx.sink = relu, step, sink
-        ctx.fused = _fused_here(proj, relu)
-        if ctx.fused:
-            return native.attention_scores(proj, wh.view(wh.shape[0], wh.shape[1], -1), w)
-        return _scores(proj, wh, w, relu, step)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_e):  # (B, k, L)
-        proj, wh, w = ctx.saved_tensors
-        B, L, A = proj.shape
-        k = wh.shape[1]
-        grad_e = grad_e.float().contiguous()
-        if ctx.sink is not None:
-            grad_proj, fresh = ctx.sink.buffer(proj)
-        else:
-            grad_proj, fresh = proj.new_empty(proj.shape), True  # contiguous, as the fused loop writes it
-        if ctx.fused and native.available():  # one loop per image: σ formed again in cache
-            grad_wh, grad_w = native.attention_scores_backward(proj, wh, w, grad_e, grad_proj, not fresh)
-            return None if ctx.sink is not None else grad_proj, grad_wh.view(B, k, 1, A), grad_w, None, None, None
-        grad_wh, grad_w = wh.new_empty(B, k, 1, A), w.new_zeros(A)
-        for s, x in _blocks(proj, wh, ctx.relu, ctx.step):
-            g = grad_e[s : s + ctx.step]  # (c, k, L)
-            grad_w.addmv_(x.view(-1, A).t(), g.reshape(-1))  # Σ act · ∂e
-            if ctx.relu:
-                x.gt_(0)  # act'(x) from act(x)
-            else:
-                x.addcmul_(x, x, value=-1)  # σ' = σ(1 − σ)
-            x.mul_(g.unsqueeze(-1)).mul_(w)  # ∂e/∂x, scaled by ∂e
-            torch.sum(x, 2, keepdim=True, out=grad_wh[s : s + ctx.step])
-            part = x[:, 0] if k == 1 else x.sum(1)  # (c, L, A)
-            if fresh:
-                grad_proj[s : s + ctx.step].copy_(part)
-            else:
-                grad_proj[s : s + ctx.step].add_(part)
-        return None if ctx.sink is not None else grad_proj, grad_wh, grad_w, None, None, None
-
-
-class _Context(torch.autograd.Function):
-    """Context vectors α · a (B, k, D) for training on a CPU, in ``sat_core.native``'s loops.
-
-    ``torch.bmm`` reads the annotations twice per step (forward, and backward for α) at a tenth of
-    the memory's speed here: about 2.6 ms a call at COCO size, batch 32; the loops read each image's
-    annotations once for its k rows. α stays fp32 (bmm rounds it to bf16 under autocast). The
-    annotations' gradient, needed only when encoder blocks train, is PyTorch's product.
-    """
-
-    @staticmethod
-    def forward(ctx, alpha, feats):  # (B, k, L) fp32, (B, L, D)
-        ctx.save_for_backward(alpha, feats)
-        return native.attention_context(alpha, feats)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):  # (B, k, D)
-        alpha, feats = ctx.saved_tensors
-        grad_alpha = grad_feats = None
-        if ctx.needs_input_grad[0]:
-            grad_alpha = native.attention_context_backward(feats, grad)
-        if ctx.needs_input_grad[1]:
-            grad_feats = torch.bmm(alpha.transpose(1, 2).to(grad.dtype), grad.to(feats.dtype))  # (B, L, D)
-        return grad_alpha, grad_feats
-
-
-def _fused_here(x: torch.Tensor, relu: bool) -> bool:
-    """Whether ``sat_core.native``'s loops run for this tensor: on a CPU (f_att's scores: with tanh)."""
-    return x.device.type == "cpu" and not relu and native.available()
+        x = proj.unsqueeze(1) + self.W_h(h).float().view(B, k, 1, A)  # W_a a_i + b + W_h h_{t−1}: (B, k, L, A)
+        e = self.w(ACTIVATIONS[self.activation](x)).squeeze(-1)  # eq. 4: e_ti (B, k, L)
+        return torch.softmax(e.view(B * k, L).float(), dim=1)  # eq. 5: α_t (N, L)
 
 
 def attend(
@@ -223,6 +67,7 @@ def attend(
     *,
     sample: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    backend: str = "fast",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Context vectors from α (N, L) over B images' annotations feats (B, L, D), N = B·k.
 
@@ -234,11 +79,11 @@ def attend(
     n = alpha.shape[0]
     k = n // B  # rows per image: beams share their image's annotations
     # feats are already in the compute dtype (cast once per image in ``Decoder.prepare``).
-    if torch.is_grad_enabled() and _fused_here(feats, False):
-        # (N, D) in one read of each image, in the dtype bmm would give under autocast
-        context = _Context.apply(alpha.view(B, k, L), feats.to(compute_dtype(feats))).view(n, D)
+    fused = attention_fast.context(alpha.view(B, k, L), feats) if backend == "fast" else None
+    if fused is not None:
+        context = fused.view(n, D)  # (N, D) in one read of each image, in the dtype bmm gives under autocast
     else:
-        context = torch.bmm(alpha.view(B, k, L).to(feats.dtype), feats).view(n, D)  # (N, D)
+        context = torch.bmm(alpha.view(B, k, L).to(feats.dtype), feats).view(n, D)  # Σ_i α_ti a_i: (N, D)
     location = torch.full((n,), -1, dtype=torch.long, device=alpha.device)
     log_p = alpha.new_zeros(n)
     if sample is not None and bool(sample.any()):

@@ -94,9 +94,8 @@ class Decoder(nn.Module):
         alpha = self.attention(prep.proj, h)  # (N, L) fp32
         if alpha_edit is not None:
             alpha = alpha_edit(alpha)
-        context, location, log_p_loc = attend(
-            prep.feats, alpha, sample=sample if self.hard else None, generator=generator
-        )  # (N, D)
+        context, location, log_p_loc = attend(prep.feats, alpha, sample=sample if self.hard else None,
+                                              generator=generator, backend=self.attention.backend)  # (N, D)
         if self.f_beta is not None:
             gate = torch.sigmoid(self.f_beta(h).float())  # (N, 1), or (N, D) for a vector gate
             context = gate.to(context.dtype) * context
