@@ -19,12 +19,12 @@ import streamlit as st
 
 from sat_core.checkpoint import CARD_FILE, CONFIG_FILE, LoadedCheckpoint, load_checkpoint
 from sat_core.config import DecodeConfig, PreprocessConfig
-from sat_core.data import ImageRecord, KarpathyData, load_karpathy
+from sat_core.data.karpathy import ImageRecord, KarpathyData, load_karpathy
 from sat_core.decoding import Hypothesis, Intervention, beam_search, sample_locations, score_caption
 from sat_core.domain import DomainCheck, DomainReference, mean_annotations
 from sat_core.errors import DatasetError, SatError
 from sat_core.evaluate import read_records
-from sat_core.images import CropInfo, crop_for_display, load_image, preprocess
+from sat_core.data.images import CropInfo, crop_for_display, load_image, preprocess
 from sat_core.io import write_json_atomic
 from sat_core.paths import list_checkpoints
 

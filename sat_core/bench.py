@@ -75,7 +75,7 @@ from sat_core.errors import SatError
 from sat_core.models.attention import attend
 from sat_core.models.captioner import Captioner
 from sat_core.precision import PRECISIONS, autocast, cpu_has_bf16, describe_cpu, resolve
-from sat_core.vocab import SPECIALS, Vocab
+from sat_core.data.vocab import SPECIALS, Vocab
 
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "shapes_soft"
 
@@ -379,7 +379,7 @@ def shipped_model(images: int) -> DecodeModel:
 
     from sat_core import world
     from sat_core.checkpoint import load_checkpoint
-    from sat_core.images import preprocess
+    from sat_core.data.images import preprocess
 
     loaded = load_checkpoint(SHIPPED)
     rng = np.random.default_rng(0)
@@ -467,7 +467,7 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
                   device: torch.device, limit: int = 0, length_norm: float = 0.0) -> dict[str, Any]:
     """Best captions in fp32 and bf16 for every image of ``split``: the share that agree, both BLEU-4s."""
     from sat_core.checkpoint import load_checkpoint
-    from sat_core.data import EvalImages, ImageStore, load_karpathy, normalise
+    from sat_core.data.karpathy import EvalImages, ImageStore, load_karpathy, normalise
     from sat_core.metrics import caption_metrics
 
     loaded = load_checkpoint(checkpoint)

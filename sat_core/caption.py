@@ -34,7 +34,7 @@ from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint
 from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.decoding import Hypothesis, beam_search, pick_device
 from sat_core.errors import ImageError, SatError
-from sat_core.images import crop_for_display, load_image, preprocess
+from sat_core.data.images import crop_for_display, load_image, preprocess
 from sat_core.io import atomic_write
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sat_core.vocab import UNK
+from sat_core.data.vocab import UNK
 
 REFERENCE_LABELS = ("hallucinated_word", "missed_word", "repetition", "unk", "truncated", "too_short", "too_long")
 CONTENT_LIFT = 2.0  # a word at least this much likelier in an image's other references is content

@@ -17,10 +17,10 @@ from PIL import Image
 from sat_core.caption_errors import WordStats
 from sat_core.checkpoint import CARD_FILE, METRICS_FILE, LoadedCheckpoint
 from sat_core.config import PreprocessConfig
-from sat_core.data import KarpathyData
+from sat_core.data.karpathy import KarpathyData
 from sat_core.domain import AnnotationReference, DomainReference, mean_annotations
 from sat_core.errors import ImageError
-from sat_core.images import load_image, preprocess
+from sat_core.data.images import load_image, preprocess
 from sat_core.io import atomic_write, write_json_atomic
 
 RECORDS_FILE = "eval_records.json"

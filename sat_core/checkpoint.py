@@ -32,7 +32,7 @@ from sat_core.config import DecodeConfig, ModelConfig, OptimConfig, PreprocessCo
 from sat_core.errors import CheckpointError, RetiredOptionError, SatError
 from sat_core.io import atomic_write, fsync_dir, read_tensors, save_tensors_atomic, write_json_atomic
 from sat_core.paths import CHECKPOINT_FILES, CONFIG_FILE, WEIGHTS_FILE, resolve_checkpoint_path
-from sat_core.vocab import Vocab
+from sat_core.data.vocab import Vocab
 
 FORMAT = "sat-explorer/1"
 METRICS_FILE, CARD_FILE = CHECKPOINT_FILES[2:]

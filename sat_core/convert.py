@@ -28,7 +28,7 @@ from sat_core.config import ModelConfig, PreprocessConfig
 from sat_core.errors import CheckpointError, SatError
 from sat_core.models.encoder import FEATURE_DIMS
 from sat_core.safe_unpickle import ModuleRecord, flat_state, safe_load
-from sat_core.vocab import SPECIALS, Vocab
+from sat_core.data.vocab import SPECIALS, Vocab
 
 SOURCE_URL = "https://github.com/sgrvinod/a-PyTorch-Tutorial-to-Image-Captioning"
 # Blocks per stage (layer1..layer4) and whether they are bottlenecks -> torchvision depth.

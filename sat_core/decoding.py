@@ -20,8 +20,8 @@ from sat_core.models.captioner import Captioner
 from sat_core.models.decoder import AlphaEdit
 from sat_core.models.encoder import Annotations
 from sat_core.precision import autocast
-from sat_core.vocab import Vocab
-from sat_core.words import caption_words
+from sat_core.data.vocab import Vocab
+from sat_core.data.words import caption_words
 
 
 def pick_device(name: str | None = None) -> torch.device:

@@ -37,11 +37,11 @@ from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint
 from sat_core.io import write_json_atomic
 from sat_core.precision import resolve
 from sat_core.config import DecodeConfig
-from sat_core.data import ImageRecord, KarpathyData, load_karpathy
+from sat_core.data.karpathy import ImageRecord, KarpathyData, load_karpathy
 from sat_core.decoding import (Hypothesis, ReferenceScore, beam_search, best_reference, check_search_errors,
                                encode_images, pick_device)
 from sat_core.errors import DatasetError, ImageError, SatError
-from sat_core.images import CropInfo, load_image, preprocess
+from sat_core.data.images import CropInfo, load_image, preprocess
 from sat_core.models.encoder import Annotations
 from sat_core.regions import mask_on_alpha_grid
 
@@ -150,7 +150,7 @@ def word_attention(dec: Decoded, token_objects: dict[int, list[int]]) -> list[di
     background beside the named one."""
     from sat_core.grounding import (attention_ceiling, attention_correctness, attention_elsewhere, mask_entropy,
                                     word_kind)
-    from sat_core.world import rle_decode
+    from sat_core.data.masks import rle_decode
 
     hyp = dec.hypothesis
     objects = {o["id"]: o for o in dec.record.objects or []}

@@ -23,7 +23,7 @@ import numpy as np
 
 from sat_core.config import DecodeConfig
 from sat_core.checkpoint import LoadedCheckpoint
-from sat_core.data import KarpathyData, load_karpathy
+from sat_core.data.karpathy import KarpathyData, load_karpathy
 from sat_core.errors import DatasetError
 
 DEFAULT_SUITE = Path("data/scenes_suite")
@@ -72,7 +72,7 @@ def warned_share(loaded: LoadedCheckpoint, data: KarpathyData, indices: Sequence
     """The share of the images that the explorer's out-of-domain check (``domain.DomainReference``, the
     checkpoint's own training statistics) warns about; None where the checkpoint stored none."""
     from sat_core.domain import DomainReference, mean_annotations
-    from sat_core.images import load_and_preprocess
+    from sat_core.data.images import load_and_preprocess
 
     stored = (loaded.config.get("training") or {}).get("domain")
     if not stored or not indices:

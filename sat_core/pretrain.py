@@ -26,10 +26,11 @@ from torch import nn
 from sat_core.allocator import keep_freed_memory
 from sat_core.io import save_tensors_atomic, write_json_atomic
 from sat_core.config import ModelConfig, PreprocessConfig
-from sat_core.data import ImageStore, load_karpathy, normalise
+from sat_core.data.karpathy import ImageStore, load_karpathy, normalise
 from sat_core.errors import DatasetError, SatError
 from sat_core.models.encoder import Encoder
-from sat_core.world import COLOURS, SHAPES, SIZES, rle_decode
+from sat_core.data.masks import rle_decode
+from sat_core.world import COLOURS, SHAPES, SIZES
 
 HEADS = {"shape": ["background", *SHAPES], "colour": ["background", *COLOURS], "size": ["background", *SIZES]}
 MIN_COVER = 0.25  # a cell is labelled with an object covering at least this share of it

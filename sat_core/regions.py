@@ -14,11 +14,11 @@ import numpy as np
 import torch
 
 from sat_core.config import PreprocessConfig
-from sat_core.data import CaptionDataset
+from sat_core.data.karpathy import CaptionDataset
 from sat_core.errors import DatasetError, SatError
 from sat_core.grounding import attention_correctness
-from sat_core.images import CropInfo, crop_info
-from sat_core.world import rle_decode
+from sat_core.data.images import CropInfo, crop_info
+from sat_core.data.masks import rle_decode
 
 _GRID_CELL = 8  # px per grid cell when a mask has to be resampled to tile the α grid
 

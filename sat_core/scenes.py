@@ -208,7 +208,7 @@ def _bbox(mask: np.ndarray) -> list[int]:
 def layout_objects(layout: SceneLayout) -> list[dict[str, Any]]:
     """JSON records of the objects (world.py's schema, scenes fields): bbox/centroid/area/mask of
     the visible part; full_bbox and foot (bottom row) of the whole sprite for relations."""
-    from sat_core.world import rle_encode
+    from sat_core.data.masks import rle_encode
 
     out = []
     for oid, t in enumerate(layout.things):

@@ -32,7 +32,7 @@ from sat_core import card
 from sat_core.allocator import keep_freed_memory
 from sat_core import checkpoint as ckpt
 from sat_core.config import DecodeConfig, TrainConfig
-from sat_core.data import KarpathyData, load_karpathy
+from sat_core.data.karpathy import KarpathyData, load_karpathy
 from sat_core.errors import SatError
 
 PRESETS = Path(__file__).parent / "presets"
@@ -225,7 +225,7 @@ def example_figure(loaded: ckpt.LoadedCheckpoint, data, index: int = 0, decode: 
     import numpy as np
 
     from sat_core.decoding import beam_search
-    from sat_core.images import crop_for_display, load_image, preprocess
+    from sat_core.data.images import crop_for_display, load_image, preprocess
     from sat_core.viz import strip_png, word_strip
 
     record = data.images[data.split("test")[index]]

@@ -30,7 +30,7 @@ from sat_core.train_checks import check_config, check_resume
 from sat_core.flatstate import flatten_state, unflatten_state
 from sat_core.io import read_tensors, write_json_atomic
 from sat_core.config import ModelConfig, PreprocessConfig, TrainConfig
-from sat_core.data import CaptionDataset, EvalImages, ImageStore, build_vocab, load_karpathy, make_loader, normalise
+from sat_core.data.karpathy import CaptionDataset, EvalImages, ImageStore, build_vocab, load_karpathy, make_loader, normalise
 from sat_core.decoding import beam_search, pick_device
 from sat_core.errors import SatError
 from sat_core.losses import MovingBaseline, attention_supervision, caption_loss
@@ -38,7 +38,7 @@ from sat_core.models.captioner import Captioner
 from sat_core.models.encoder import FEATURE_DIMS, Annotations, load_torchvision_weights
 from sat_core.precision import autocast, resolve
 from sat_core.regions import AttentionTargets
-from sat_core.vocab import Vocab
+from sat_core.data.vocab import Vocab
 
 STATE_TENSORS, STATE_JSON = "state.safetensors", "state.json"
 SELECT_KEYS = {"bleu4": "BLEU-4", "cider": "CIDEr"}  # --select-metric -> caption_metrics key

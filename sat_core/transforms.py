@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from sat_core.errors import DatasetError, SatError
-from sat_core.world import CAPTIONS_PER_IMAGE, SHIPPED_CAPTION_ORDER, rle_decode, rle_encode
+from sat_core.data.masks import rle_decode, rle_encode
+from sat_core.world import CAPTIONS_PER_IMAGE, SHIPPED_CAPTION_ORDER
 
 ZOOM_OUT = 0.7  # the scaled image's side, as a share of the canvas
 BRIGHTNESS = 0.6

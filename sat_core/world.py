@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from sat_core.data.masks import rle_decode, rle_encode  # noqa: F401  (rle_decode: the codec's other half)
 from sat_core.errors import DatasetError, SatError
 
 IMAGE_SIZE = 112
@@ -236,30 +237,6 @@ def render(scene: Scene) -> np.ndarray:
         img[obj.full_mask] = obj.rgb
     img += rng.normal(0, 4, size=img.shape)  # mild sensor noise over objects too
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
-
-
-def rle_encode(mask: np.ndarray) -> dict[str, Any]:
-    """Row-major RLE: alternating background/foreground run lengths, background first."""
-    flat = np.asarray(mask, bool).ravel()
-    edges = np.flatnonzero(flat[1:] != flat[:-1]) + 1
-    runs = np.diff(np.concatenate([[0], edges, [flat.size]])).tolist()
-    if flat.size and flat[0]:
-        runs = [0] + runs
-    return {"size": [int(s) for s in np.shape(mask)], "counts": [int(r) for r in runs]}
-
-
-def rle_decode(rle: dict[str, Any]) -> np.ndarray:
-    """Inverse of rle_encode -> (H, W) bool."""
-    try:
-        h, w = (int(v) for v in rle["size"])
-        counts = np.asarray(rle["counts"], dtype=np.int64)
-    except (KeyError, TypeError, ValueError) as err:
-        raise DatasetError(
-            f"Bad mask RLE {str(rle)[:80]!r}: {err}; regenerate the dataset.") from err
-    if (counts < 0).any() or counts.sum() != h * w:
-        raise DatasetError(f"Mask RLE counts do not add up to {h}x{w}; regenerate the dataset.")
-    values = np.arange(counts.size) % 2 == 1
-    return np.repeat(values, counts).reshape(h, w)
 
 
 def scene_objects(scene: Scene) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ os.environ.setdefault("TORCH_HOME", os.path.join(os.path.dirname(__file__), ".."
 
 from sat_core.config import ModelConfig  # noqa: E402
 from sat_core.models.captioner import Captioner  # noqa: E402
-from sat_core.vocab import Vocab  # noqa: E402
+from sat_core.data.vocab import Vocab  # noqa: E402
 
 WORDS = ["a", "red", "blue", "green", "circle", "square", "star", "left", "of", "and", "two", "circles"]
 

@@ -58,7 +58,7 @@ def golden_images(folder: Path, kind: str) -> dict[str, Any]:
     from PIL import Image
     from skimage import data as skdata
 
-    from sat_core.data import load_karpathy
+    from sat_core.data.karpathy import load_karpathy
     from sat_core.world import generate
 
     generate(folder, 0, 0, WORLD["test"], seed=WORLD["seed"], workers=1, kind=kind)
@@ -76,7 +76,7 @@ def record(loaded, images: dict[str, Any], scored: str) -> dict[str, Any]:
 
     from sat_core.config import DecodeConfig
     from sat_core.decoding import DecodeSession, beam_search, score_caption
-    from sat_core.images import preprocess
+    from sat_core.data.images import preprocess
 
     tensors = torch.stack([preprocess(im, loaded.preprocess)[0] for im in images.values()])  # (B, 3, S, S)
     entry: dict[str, Any] = {}

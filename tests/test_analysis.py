@@ -34,7 +34,7 @@ def test_word_type_rows_summarise_records_by_kind():
 
 
 def test_word_type_rows_equal_evaluate_by_kind(explorer_env):
-    from sat_core.data import load_karpathy
+    from sat_core.data.karpathy import load_karpathy
     from sat_core.evaluate import evaluate
 
     data = load_karpathy(explorer_env.world / "dataset.json", explorer_env.world)

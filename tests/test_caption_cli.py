@@ -14,14 +14,14 @@ from sat_core.caption import main
 from sat_core.checkpoint import load_checkpoint, save_checkpoint
 from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.decoding import beam_search
-from sat_core.images import load_image, preprocess
+from sat_core.data.images import load_image, preprocess
 from sat_core.models.captioner import Captioner
 from tests.conftest import tiny_config
 
 
 @pytest.fixture(scope="module", params=["soft", "hard"])
 def checkpoint(request, tmp_path_factory):
-    from sat_core.vocab import Vocab
+    from sat_core.data.vocab import Vocab
     from tests.conftest import WORDS
 
     vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", *WORDS])

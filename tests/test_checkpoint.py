@@ -17,7 +17,7 @@ from sat_core.flatstate import flatten_state, unflatten_state
 from sat_core.io import read_tensors, save_tensors_atomic, write_json_atomic
 from sat_core.config import ModelConfig, PreprocessConfig
 from sat_core.errors import CheckpointError
-from sat_core.vocab import Vocab
+from sat_core.data.vocab import Vocab
 
 WORDS = ["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(16)]  # 20 words
 

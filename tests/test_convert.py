@@ -23,8 +23,8 @@ from sat_core.checkpoint import load_checkpoint
 from sat_core.config import DecodeConfig
 from sat_core.convert import main
 from sat_core.decoding import beam_search
-from sat_core.images import load_image, preprocess
-from sat_core.vocab import SPECIALS
+from sat_core.data.images import load_image, preprocess
+from sat_core.data.vocab import SPECIALS
 
 WORDS = ["a", "dog", "cat", "on", "the", "grass", "red", "ball", "with", "sitting", "man", "ride"]
 D, A, M, N = 512, 8, 6, 10  # encoder_dim (ResNet-18), attention_dim, embed_dim, decoder_dim

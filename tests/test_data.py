@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from sat_core.config import PreprocessConfig
-from sat_core.data import (
+from sat_core.data.karpathy import (
     BucketBatchSampler,
     CaptionDataset,
     EvalImages,
@@ -24,7 +24,7 @@ from sat_core.data import (
     normalise,
 )
 from sat_core.errors import DatasetError
-from sat_core.vocab import SPECIALS
+from sat_core.data.vocab import SPECIALS
 
 CFG = PreprocessConfig(image_size=16)
 
@@ -106,7 +106,7 @@ def test_unreadable_image_is_skipped(world, tmp_path: Path, caplog: pytest.LogCa
     data, vocab, store = world
     assert [p.name for p, _ in store.skipped] == ["bad.png"] and store.skipped[0][1]
     assert len(store) == 6 and store.images.shape == (6, 3, 16, 16) and store.images.dtype == torch.uint8
-    with caplog.at_level(logging.WARNING, logger="sat_core.data"):
+    with caplog.at_level(logging.WARNING, logger="sat_core.data.karpathy"):
         again = ImageStore(load_karpathy(write_dataset(tmp_path), tmp_path / "images"), CFG,
                            splits=["train"], progress=False)
     assert len(again) == 4 and any("bad.png" in r.getMessage() for r in caplog.records)
@@ -118,7 +118,7 @@ def test_unreadable_image_is_skipped(world, tmp_path: Path, caplog: pytest.LogCa
 
 def test_store_pixels_and_normalise(world) -> None:
     data, _, store = world
-    from sat_core.images import load_image, preprocess
+    from sat_core.data.images import load_image, preprocess
 
     for index in store.row_of:
         pixels = store.get(index).view(3, -1).float()
@@ -150,7 +150,7 @@ def test_batches_share_length_and_images(world) -> None:
 
 
 def test_images_of_one_batch_are_encoded_once() -> None:
-    from sat_core.data import CaptionItem
+    from sat_core.data.karpathy import CaptionItem
 
     red, blue = torch.zeros(3, 2, 2, dtype=torch.uint8), torch.ones(3, 2, 2, dtype=torch.uint8)
     items = [CaptionItem(7, torch.tensor([1, 5, 2]), red), CaptionItem(3, torch.tensor([1, 6, 2]), blue),
@@ -235,7 +235,7 @@ def test_dataset_errors(tmp_path: Path) -> None:
 
 
 def test_image_batches_keep_all_captions_of_an_image_together():
-    from sat_core.data import ImageBatchSampler
+    from sat_core.data.karpathy import ImageBatchSampler
 
     image_of = [0, 0, 0, 1, 1, 2, 2, 2, 3, 4, 4]
     sampler = ImageBatchSampler(image_of, batch_size=6, seed=3)

@@ -12,7 +12,7 @@ from sat_core.config import DecodeConfig
 from sat_core.decoding import (DecodeSession, Intervention, beam_search, sample_hard, sample_locations,
                                score_caption)
 from sat_core.errors import SatError
-from sat_core.images import load_image, preprocess
+from sat_core.data.images import load_image, preprocess
 from sat_core.models.captioner import Captioner
 from tests.conftest import tiny_config
 from tests.explorer.conftest import explorer_env  # noqa: F401  (a fixture)

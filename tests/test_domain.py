@@ -14,7 +14,7 @@ from sat_core import world
 from sat_core.config import ModelConfig, PreprocessConfig
 from sat_core.domain import ANNOTATION_MARGIN, AnnotationReference, DomainReference, mean_annotations
 from sat_core.errors import SatError
-from sat_core.images import load_image, preprocess
+from sat_core.data.images import load_image, preprocess
 from sat_core.models import efficientnet
 from sat_core.models.captioner import Captioner
 from tests.explorer.conftest import explorer_env  # noqa: F401  (a fixture)

@@ -7,7 +7,7 @@ from PIL import Image
 
 from sat_core.config import ModelConfig, PreprocessConfig
 from sat_core.errors import SatError
-from sat_core.images import preprocess
+from sat_core.data.images import preprocess
 from sat_core.models import efficientnet
 from sat_core.models.encoder import Encoder
 
@@ -143,7 +143,7 @@ def test_encoder_refuses_a_width_no_stage_has():
 def test_checkpoint_keeps_the_encoder_and_its_preprocessing(tmp_path):
     from sat_core.checkpoint import load_checkpoint, save_checkpoint
     from sat_core.models.captioner import Captioner
-    from sat_core.vocab import Vocab
+    from sat_core.data.vocab import Vocab
 
     vocab = Vocab.build([["a", "cat"]], min_count=1)
     cfg = ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=112, vocab_size=len(vocab),

@@ -14,7 +14,7 @@ from sat_core import world
 from sat_core.caption_errors import REFERENCE_LABELS, WordStats
 from sat_core.checkpoint import load_checkpoint, save_checkpoint
 from sat_core.config import DecodeConfig, PreprocessConfig
-from sat_core.data import build_vocab, load_karpathy
+from sat_core.data.karpathy import build_vocab, load_karpathy
 from sat_core.decoding import Hypothesis
 from sat_core.errors import DatasetError
 from sat_core.evaluate import (
@@ -22,7 +22,7 @@ from sat_core.evaluate import (
     score_decoded,
 )
 from sat_core.grounding import attention_correctness, ground
-from sat_core.images import load_image, preprocess
+from sat_core.data.images import load_image, preprocess
 from sat_core.metrics import BLEU_KEYS, caption_metrics
 from sat_core.models.captioner import Captioner
 from tests.conftest import tiny_config

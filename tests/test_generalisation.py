@@ -12,7 +12,7 @@ import torch
 from sat_core import cli, transforms, world
 from sat_core.checkpoint import load_checkpoint, save_checkpoint
 from sat_core.config import PreprocessConfig
-from sat_core.data import ImageRecord, KarpathyData, build_vocab, load_karpathy
+from sat_core.data.karpathy import ImageRecord, KarpathyData, build_vocab, load_karpathy
 from sat_core.evaluate import build_parser, evaluate, main
 from sat_core.generalisation import (
     category_recall, left_right_statements, mirror_agreement, set_figures, warned_share,

@@ -15,7 +15,7 @@ from PIL import Image, ImageFile
 
 from sat_core.config import PreprocessConfig
 from sat_core.errors import ImageError
-from sat_core.images import (
+from sat_core.data.images import (
     MAX_PIXELS,
     CropInfo,
     crop_for_display,
@@ -231,7 +231,7 @@ def test_name_from_argument_and_stream(tmp_path: Path) -> None:
 
 
 def test_oversized_file_refused_before_reading(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr("sat_core.images.MAX_BYTES", 1000)
+    monkeypatch.setattr("sat_core.data.images.MAX_BYTES", 1000)
     data = encode(random_rgb((64, 64)), "PNG")
     assert len(data) > 1000
     path = tmp_path / "big.png"

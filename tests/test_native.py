@@ -189,7 +189,7 @@ def test_switched_off_or_without_a_compiler_the_pytorch_code_runs(tmp_path):
     assert _python(probe, CC=missing, SAT_NATIVE_CACHE=str(tmp_path / "cache")) == "False"
     # and decoding still works there
     code = ("import torch; from sat_core.config import DecodeConfig; from sat_core.decoding import beam_search; "
-            "from sat_core.models.captioner import Captioner; from sat_core.vocab import Vocab; "
+            "from sat_core.models.captioner import Captioner; from sat_core.data.vocab import Vocab; "
             "from tests.conftest import tiny_config; v = Vocab(['<pad>', '<start>', '<end>', '<unk>', 'a', 'b']); "
             "torch.manual_seed(0); m = Captioner(tiny_config(len(v))).eval(); "
             "print(len(beam_search(m, torch.randn(2, 3, 112, 112), v, DecodeConfig(beam_size=2, max_len=3))))")

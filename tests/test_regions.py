@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sat_core.errors import SatError
-from sat_core.images import CropInfo
+from sat_core.data.images import CropInfo
 from sat_core.regions import (box_mask, cells_at_points, cells_in_box, cells_in_polygon, format_cells, grid_region,
                               mask_on_alpha_grid, mask_on_grid, parse_cells)
 

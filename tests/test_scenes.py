@@ -192,7 +192,7 @@ def test_cli_writes_a_scenes_world(tmp_path, capsys):
 
 
 def test_a_scenes_world_keeps_its_generators_seed(runs):
-    from sat_core.data import load_karpathy
+    from sat_core.data.karpathy import load_karpathy
 
     root, path = runs["a"]
     assert load_karpathy(path, root).seed == json.loads(path.read_text())["seed"]  # for the model card's world line

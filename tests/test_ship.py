@@ -9,7 +9,7 @@ import pytest
 
 from sat_core import ship
 from sat_core.config import TrainConfig
-from sat_core.data import KarpathyData
+from sat_core.data.karpathy import KarpathyData
 from sat_core.errors import SatError
 
 METRICS = {"training": {"epochs": 2, "train_minutes": 1.5, "captions_per_s": 90.0, "best_val_bleu4": 0.4,

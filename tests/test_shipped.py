@@ -16,9 +16,9 @@ import torch
 from PIL import Image
 
 from sat_core.checkpoint import load_checkpoint
-from sat_core.data import load_karpathy
+from sat_core.data.karpathy import load_karpathy
 from sat_core.decoding import beam_search
-from sat_core.images import preprocess
+from sat_core.data.images import preprocess
 from sat_core.world import generate
 from tests.golden import CHECKPOINTS, GOLDEN, golden_images, record, why_not, world_of
 

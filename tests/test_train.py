@@ -17,7 +17,7 @@ import torch
 from sat_core import checkpoint as ckpt
 from sat_core import train
 from sat_core.config import DecodeConfig
-from sat_core.data import ImageStore, load_karpathy, normalise
+from sat_core.data.karpathy import ImageStore, load_karpathy, normalise
 from sat_core.decoding import beam_search
 from sat_core.io import read_tensors, save_tensors_atomic, write_json_atomic
 from tests.fixtures_world import CAPTIONS, make_dataset, train_args
@@ -426,9 +426,9 @@ def test_attention_targets_put_each_linked_word_on_its_objects_cells(tmp_path):
     without links are not supervised."""
     from sat_core import world
     from sat_core.config import PreprocessConfig
-    from sat_core.data import CaptionDataset, ImageStore, build_vocab, load_karpathy
+    from sat_core.data.karpathy import CaptionDataset, ImageStore, build_vocab, load_karpathy
     from sat_core.regions import AttentionTargets, cell_cover
-    from sat_core.world import rle_decode
+    from sat_core.data.masks import rle_decode
     path = world.generate(tmp_path / "scenes", 3, 1, 0, seed=5, workers=1, kind="scenes")
     data = load_karpathy(path, tmp_path / "scenes")
     pre = PreprocessConfig(image_size=224)
@@ -453,8 +453,8 @@ def test_attention_targets_put_each_linked_word_on_its_objects_cells(tmp_path):
 
 
 def _crop(record, pre):
-    from sat_core.images import crop_info
-    from sat_core.world import rle_decode
+    from sat_core.data.images import crop_info
+    from sat_core.data.masks import rle_decode
     mask = rle_decode(record.objects[0]["mask"])
     return crop_info((mask.shape[1], mask.shape[0]), pre)
 

@@ -22,7 +22,7 @@ import torch
 from sat_core import checkpoint as ckpt
 from sat_core import train
 from sat_core.io import read_tensors
-from sat_core.data import BucketBatchSampler, load_karpathy
+from sat_core.data.karpathy import BucketBatchSampler, load_karpathy
 from sat_core.losses import caption_loss
 from tests.fixtures_world import REPO_ROOT, make_dataset, python_module, subprocess_env, train_args
 from tests.test_train import assert_same_run

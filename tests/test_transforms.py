@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sat_core import scenes, transforms, world
-from sat_core.data import load_karpathy
+from sat_core.data.karpathy import load_karpathy
 from sat_core.scenes_catalog import RELATIONS
 from sat_core.transforms import MIN_KEPT, SUITE, brightness, crop, grayscale, hflip, jpeg, zoom_out
 

@@ -1,11 +1,11 @@
-"""sat_core.vocab: ids of special tokens, build order, encode/decode, and the checkpoint round trip."""
+"""sat_core.data.vocab: ids of special tokens, build order, encode/decode, and the checkpoint round trip."""
 
 from __future__ import annotations
 
 import pytest
 
 from sat_core.errors import SatError
-from sat_core.vocab import SPECIALS, Vocab
+from sat_core.data.vocab import SPECIALS, Vocab
 
 
 def test_build_orders_by_frequency_then_alphabet_and_caps_the_size():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sat_core.words import WordEdit, caption_words, first_change, word_diff
+from sat_core.data.words import WordEdit, caption_words, first_change, word_diff
 
 
 def test_caption_words_strip_punctuation_and_case():

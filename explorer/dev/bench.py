@@ -63,7 +63,7 @@ def caption_once(loaded, data: bytes, name: str, cfg) -> object:
     """Everything between an upload and the caption with its α strip on screen."""
     from sat_core import viz
     from sat_core.decoding import beam_search
-    from sat_core.images import crop_for_display, load_image, preprocess
+    from sat_core.data.images import crop_for_display, load_image, preprocess
 
     from explorer.maps import step_words
 
@@ -79,7 +79,7 @@ def caption_once(loaded, data: bytes, name: str, cfg) -> object:
 def step_timings(loaded, data: bytes, cfg, runs: int) -> tuple[list[float], list[float]]:
     """(decoder step alone, step + its α overlay) in ms, cycling back to the start at the caption's end."""
     from sat_core.decoding import DecodeSession
-    from sat_core.images import crop_for_display, load_image, preprocess
+    from sat_core.data.images import crop_for_display, load_image, preprocess
 
     from explorer.maps import MapSettings, overlays
 

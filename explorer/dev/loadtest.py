@@ -359,7 +359,7 @@ def check_against_sat_core(phase: dict[str, Any], uploads: Sequence[Upload], che
     from sat_core.checkpoint import load_checkpoint
     from sat_core.config import DecodeConfig
     from sat_core.decoding import DecodeSession, beam_search
-    from sat_core.images import load_image, preprocess
+    from sat_core.data.images import load_image, preprocess
 
     from explorer.state import DEFAULTS
 

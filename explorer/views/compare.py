@@ -12,7 +12,7 @@ import streamlit as st
 from sat_core.checkpoint import LoadedCheckpoint
 from sat_core.decoding import SampledPaths, ScoredCaption
 from sat_core.errors import SatError
-from sat_core.words import caption_words
+from sat_core.data.words import caption_words
 
 from explorer import maps
 from explorer import resources as res

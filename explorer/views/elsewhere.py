@@ -10,7 +10,7 @@ import streamlit as st
 from sat_core.decoding import Hypothesis, Intervention, ScoredCaption
 from sat_core.errors import SatError
 from sat_core.regions import format_cells, grid_region, mask_on_grid, parse_cells
-from sat_core.words import WordEdit, first_change, word_diff
+from sat_core.data.words import WordEdit, first_change, word_diff
 
 from explorer import maps
 from explorer import resources as res

@@ -9,8 +9,8 @@ import streamlit as st
 
 from sat_core.decoding import ScoredCaption
 from sat_core.errors import SatError
-from sat_core.vocab import Vocab
-from sat_core.words import caption_words
+from sat_core.data.vocab import Vocab
+from sat_core.data.words import caption_words
 
 from explorer import maps
 from explorer import resources as res

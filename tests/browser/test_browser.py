@@ -12,7 +12,7 @@ import pytest
 
 from sat_core.config import DecodeConfig
 from sat_core.decoding import DecodeSession, beam_search
-from sat_core.images import load_image, preprocess
+from sat_core.data.images import load_image, preprocess
 
 from explorer.dev.browser import (
     choose_option, choose_upload, click_button, click_key, go_to, shoot, upload, wait_for_text,

@@ -18,7 +18,7 @@ import torch
 from sat_core.checkpoint import load_checkpoint, save_checkpoint
 from sat_core.config import ModelConfig, OptimConfig, PreprocessConfig, TrainConfig
 from sat_core.models.captioner import Captioner
-from sat_core.vocab import Vocab
+from sat_core.data.vocab import Vocab
 from sat_core.world import generate
 
 APP = str(Path(__file__).resolve().parents[2] / "explorer" / "app.py")

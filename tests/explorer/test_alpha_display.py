@@ -13,7 +13,7 @@ from PIL import Image
 
 from sat_core import viz
 from sat_core.decoding import beam_search
-from sat_core.images import load_image, preprocess
+from sat_core.data.images import load_image, preprocess
 
 from explorer import exports, maps
 from tests.explorer.conftest import new_app

@@ -6,7 +6,7 @@ import pytest
 
 from sat_core.config import DecodeConfig
 from sat_core.decoding import beam_search
-from sat_core.images import load_image, preprocess
+from sat_core.data.images import load_image, preprocess
 
 from tests.explorer.conftest import new_app, photo_jpeg
 

@@ -10,7 +10,7 @@ from PIL import Image
 
 from sat_core.checkpoint import load_checkpoint
 from sat_core.decoding import beam_search
-from sat_core.images import load_image, preprocess
+from sat_core.data.images import load_image, preprocess
 
 from explorer import resources as res
 from explorer.settings import DEFAULT_CHECKPOINTS, parse_settings

@@ -9,7 +9,7 @@ import numpy as np
 from sat_core.config import DecodeConfig
 from sat_core.decoding import Intervention, beam_search, score_caption
 from sat_core.regions import format_cells, grid_region
-from sat_core.words import word_diff
+from sat_core.data.words import word_diff
 
 from explorer.components.regions import selection_cells
 

@@ -54,7 +54,7 @@ def test_the_trained_checkpoint_keeps_statistics_of_its_training_data(own):
     assert len(training["domain"]["features"]) == 12
     # the encoder's view of the same images, as the saved weights make it (the small CNN learns)
     from sat_core.card import annotation_statistics, domain_images
-    from sat_core.data import load_karpathy
+    from sat_core.data.karpathy import load_karpathy
 
     loaded = load_checkpoint(own["run"] / "best")
     stored = np.asarray(training["domain"]["annotations"]["features"])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sat_core.config import DecodeConfig
-from sat_core.images import load_image, preprocess
+from sat_core.data.images import load_image, preprocess
 
 from tests.explorer.conftest import new_app
 
@@ -29,7 +29,7 @@ def open_page(page: str, params=None):
 
 def _evaluated_gallery(env, at):
     """sat_core.evaluate over the gallery's scenes with the sidebar's decoding settings."""
-    from sat_core.data import load_karpathy
+    from sat_core.data.karpathy import load_karpathy
     from sat_core.evaluate import evaluate_images
 
     data = load_karpathy(env.world / "dataset.json", env.world)
@@ -127,7 +127,7 @@ def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkey
     import json
     import shutil
 
-    from sat_core.data import load_karpathy
+    from sat_core.data.karpathy import load_karpathy
     from sat_core.evaluate import evaluate
 
     folder = tmp_path / "evaluated"

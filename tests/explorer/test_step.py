@@ -12,7 +12,7 @@ import numpy as np
 
 from sat_core.config import DecodeConfig
 from sat_core.decoding import DecodeSession, beam_search
-from sat_core.images import load_image, preprocess
+from sat_core.data.images import load_image, preprocess
 
 from tests.explorer.conftest import new_app
 

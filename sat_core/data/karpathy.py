@@ -1,7 +1,7 @@
 """Karpathy-format caption datasets and length-bucketed batches.
 
 Flow: ``load_karpathy`` reads the split JSON -> ``build_vocab`` counts the train split ->
-``ImageStore`` decodes every image once (through ``sat_core.images``) into a uint8 cache ->
+``ImageStore`` decodes every image once (through ``sat_core.data.images``) into a uint8 cache ->
 ``CaptionDataset`` has one item per caption -> ``make_loader`` batches captions of equal length
 (the paper's bucketing), so no step or loss is spent on padding, and each image of a batch is
 encoded once however many of its captions the batch holds.
@@ -27,8 +27,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from sat_core.config import PreprocessConfig
 from sat_core.errors import DatasetError, ImageError
-from sat_core.images import load_image, preprocess
-from sat_core.vocab import Vocab
+from sat_core.data.images import load_image, preprocess
+from sat_core.data.vocab import Vocab
 
 log = logging.getLogger(__name__)
 
