@@ -55,6 +55,36 @@ def colour_scale(side: int, alphas: np.ndarray, grid: tuple[int, int], settings:
     return ColourScale(settings.cmap, peak or 1.0, 1.0, title)
 
 
+def scale_note(settings: MapSettings) -> str:
+    """Which colour scale a strip is drawn on, in words."""
+    if settings.norm == "word":
+        return ("Colour scale: each panel its own (per word), so the bar reads in shares of a panel's peak and each "
+                "label gives that peak α; choose *Per caption* under *α map display* for one scale across panels.")
+    if settings.norm == "caption":
+        return "Colour scale: one for every panel (per caption): full colour is the caption's highest α."
+    return "Colour scale: the fixed global one (α = 1 is full colour, square-root spacing), the same for every image."
+
+
+def shared_scale(scales: Sequence[ColourScale]) -> ColourScale:
+    """One scale for maps drawn side by side: the highest of their peaks (the global scale stays as it is)."""
+    first = scales[0]
+    if first.gamma != 1.0:  # global: fixed already
+        return first
+    return ColourScale(first.cmap, max(s.vmax for s in scales), 1.0, first.title)
+
+
+def overlay_on_scale(crop: np.ndarray, alpha: np.ndarray, grid: tuple[int, int], settings: MapSettings,
+                     scale: ColourScale) -> np.ndarray:
+    """One α map (L,) over the crop, coloured on ``scale`` (full colour = scale.vmax)."""
+    if scale.gamma == 1.0:  # linear in α up to vmax (viz's global mode is square-root spaced)
+        heat = viz.upsample_alpha(viz.alpha_to_grid(np.asarray(alpha), grid), crop.shape[0], method=settings.method,
+                                  sigma=settings.sigma or None)  # (S, S)
+        heat = np.clip(heat / (scale.vmax or 1.0), 0.0, 1.0)
+        return viz.overlay(crop, heat, opacity=settings.opacity, cmap=settings.cmap)
+    kwargs = {**settings.viz_kwargs(), "norm_mode": "global", "global_max": scale.vmax}
+    return viz.attention_panels(crop, np.asarray(alpha).reshape(1, -1), grid, panel_size=crop.shape[0], **kwargs)[1]
+
+
 def colorbar(height: int, scale: ColourScale) -> np.ndarray:
     return viz.colorbar_image(height, scale.cmap, scale.ticks(), title=scale.title)
 

@@ -30,7 +30,7 @@ URL_WIDGETS: dict[str, Callable[[str], Any]] = {
     "sigma": float, "norm": str, "opacity": float,
     "cmap": str, "coverage": lambda v: _BOOL[v.lower()], "masks": lambda v: _BOOL[v.lower()],
     "follow": lambda v: _BOOL[v.lower()],
-    "cmp_source": str, "cmp_ref": int, "cmp_text": str, "cmp_step": int, "cmp_seed": int, "cmp_n": int,
+    "cmp_source": str, "cmp_scale": str, "cmp_ref": int, "cmp_text": str, "cmp_step": int, "cmp_seed": int, "cmp_n": int,
     "score_ref": str, "score_text": str,
     "ew_how": str, "ew_mode": str, "ew_object": int, "ew_cells": str,
     "ew_rows": lambda v: tuple(int(x) for x in v.strip("()").split(",")),
@@ -45,7 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "source": "Gallery scene", **{key: getattr(_DECODE, name) for key, name in DECODE_WIDGETS.items()},
     "method": "nearest", "sigma": 0.0, "norm": "word", "opacity": 0.6, "cmap": "viridis",
     "coverage": False, "masks": False, "follow": True,
-    "cmp_source": "soft", "cmp_step": 1, "cmp_seed": 0, "cmp_n": 5, "ew_mode": "exclude",
+    "cmp_source": "soft", "cmp_step": 1, "cmp_seed": 0, "cmp_n": 5, "cmp_scale": "shared", "ew_mode": "exclude",
 }
 STEP, FORCED = "step", "forced"  # plain state of the step-through view
 # Widget defaults that come from the selected checkpoint (its evaluation's beam and length normalisation), with the

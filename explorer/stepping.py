@@ -15,6 +15,7 @@ import streamlit as st
 from sat_core.decoding import DecodeSession
 from sat_core.errors import SatError
 
+from explorer import resources as res
 from explorer.guards import beams
 from explorer.state import FORCED, STEP, Context
 
@@ -50,7 +51,7 @@ def current_session(ctx: Context) -> tuple[DecodeSession, str | None]:
             if int(st.session_state.get(STEP) or 1) > 1 or st.session_state.get(FORCED):
                 notice(f"Back to step 1: the {what} changed, so the old steps no longer apply.")
             reset()  # another image or model: start again at the first word
-        cfg = dataclasses.replace(ctx.decode, beam_size=1)
+        cfg = dataclasses.replace(ctx.decode, beam_size=1, precision=res.NUMBERS_PRECISION)  # the pages' numbers
         store.update(key=key, session=DecodeSession(ctx.loaded.model, ctx.loaded.vocab, ctx.image.tensor, cfg,
                                                     top_k=TOP_K))
     session: DecodeSession = store["session"]

@@ -26,6 +26,19 @@ SOURCES = {"soft": "the left model's caption", "hard": "the right model's captio
            "typed": "typed"}
 
 
+def follow_sidebar(ctx: Context) -> None:
+    """The sidebar's checkpoint takes the side of its kind (left: soft, right: hard) whenever it changes, so this page
+    reads the checkpoint every other page reads; the other side stays as chosen."""
+    if ctx.ckpt_name is None or st.session_state.get("_cmp_for") == ctx.ckpt_name:
+        return
+    first = "_cmp_for" not in st.session_state
+    st.session_state["_cmp_for"] = ctx.ckpt_name
+    if first and ("cmp_soft" in st.query_params or "cmp_hard" in st.query_params):
+        return  # a link names both sides: it wins on the session's first visit
+    hard = res.checkpoint_summary(ctx.checkpoints[ctx.ckpt_name])["attention"] == "hard"
+    st.session_state["cmp_hard" if hard else "cmp_soft"] = ctx.ckpt_name
+
+
 def _pick(ctx: Context, label: str, key: str, attention: str) -> str | None:
     names = list(ctx.checkpoints)
     if not names:
@@ -67,16 +80,23 @@ def caption_ui(ctx: Context, models: list[tuple[str, LoadedCheckpoint]]) -> str:
         return st.text_input("Caption", key="cmp_text", help="Case and punctuation are ignored.")
 
 
+SCALES = {"shared": "one for both maps", "own": "each map its own"}
+
+
+def side_scale(ctx: Context, loaded: LoadedCheckpoint, scored: ScoredCaption, t: int) -> maps.ColourScale:
+    image = image_for(ctx, loaded)
+    return maps.colour_scale(image.crop.shape[0], scored.alphas, scored.grid, ctx.maps, t=t)
+
+
 def draw_side(ctx: Context, name: str, loaded: LoadedCheckpoint, scored: ScoredCaption, t: int,
-              paths: SampledPaths | None) -> None:
-    """One model reading word t: its α_t, log p of the word, β (soft) or sampled locations (hard)."""
+              paths: SampledPaths | None, scale: maps.ColourScale) -> None:
+    """One model reading word t: its α_t on ``scale``, log p of the word, β (soft) or sampled locations (hard)."""
     image = image_for(ctx, loaded)
     hard = loaded.model.hard
     words = [*scored.words, "<end>"]
     st.markdown(f"#### {name} · {'hard' if hard else 'soft'} attention")
-    overlay = maps.overlays(image.crop, scored.alphas[: t + 1], scored.grid, ctx.maps)[-1]
+    overlay = maps.overlay_on_scale(image.crop, scored.alphas[t], scored.grid, ctx.maps, scale)
     alpha = scored.alphas[t].reshape(scored.grid)  # (gh, gw)
-    scale = maps.colour_scale(image.crop.shape[0], scored.alphas, scored.grid, ctx.maps, t=t)
     fig = alpha_figure(overlay, alpha, title=f"step {t + 1}: “{words[t]}”", scale=scale)
     if paths is not None:
         add_location_marks(fig, paths.locations[:, t], scored.grid, overlay.shape[0])
@@ -118,6 +138,7 @@ def main() -> None:
     st.title("Soft vs hard")
     ctx = context()
     need_image(ctx)
+    follow_sidebar(ctx)
     c1, c2 = st.columns(2)
     with c1:
         left = _pick(ctx, "Left checkpoint", "cmp_soft", "soft")
@@ -150,12 +171,23 @@ def main() -> None:
     if scored[0].unknown:
         st.warning(f"Not in the vocabulary, read as <unk>: {', '.join(dict.fromkeys(scored[0].unknown))}")
     n, seed = samples_ui(ctx) if any(m.model.hard for _, m in models) else (0, 0)
+    scales = [side_scale(ctx, m, sc, t) for (_, m), sc in zip(models, scored)]
+    keep_choice("cmp_scale", list(SCALES))
+    how = st.radio("Colour scale", list(SCALES), format_func=SCALES.get, key="cmp_scale", horizontal=True)
+    if how == "shared":
+        scales = [maps.shared_scale(scales)] * 2
+        st.caption(f"**Both maps on one colour scale**: full colour is α = {scales[0].vmax:.3g} "
+                   + ("(the fixed global scale)." if scales[0].gamma != 1.0 else
+                      "(the higher of the two peaks), so the sharper map also looks brighter."))
+    else:
+        st.caption(f"**Each map on its own colour scale** (full colour: α = {scales[0].vmax:.3g} left, "
+                   f"{scales[1].vmax:.3g} right): compare where they look, not how sharply.")
     cols = st.columns(2)
-    for col, (name, loaded), s in zip(cols, models, scored):
+    for col, (name, loaded), s, scale in zip(cols, models, scored, scales):
         paths = (res.caption_samples(res.stamp(loaded.path), image_for(ctx, loaded).key, text, n, seed, loaded,
                                      image_for(ctx, loaded).tensor) if loaded.model.hard else None)
         with col:
-            draw_side(ctx, name, loaded, s, t, paths)
+            draw_side(ctx, name, loaded, s, t, paths, scale)
     st.subheader("Word by word")
     st.dataframe(word_table(words, [left, right], scored), hide_index=True, width="stretch")
     draw_help("Soft and hard attention", (

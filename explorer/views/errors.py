@@ -88,8 +88,11 @@ def open_in_step(record: dict) -> None:
     st.switch_page("views/step.py")
 
 
-def draw_summaries(data: dict) -> None:
+def draw_summaries(data: dict, n_images: int) -> None:
+    """The corpus figures: one number over every image (not the mean of the per-image scores of the table)."""
     corpus, grounded, attention = data.get("corpus", {}), data.get("grounded", {}), data.get("attention", {})
+    st.markdown(f"**Corpus figures, all {n_images} images** — BLEU and CIDEr pool every caption's n-grams, so they "
+                "differ from the means of the per-image scores in the table and in *Metrics per slice*.")
     figures = [("CIDEr", corpus.get("CIDEr")), ("BLEU-4", corpus.get("BLEU-4")), ("ROUGE-L", corpus.get("ROUGE-L")),
                ("grounded precision", grounded.get("precision")), ("grounded recall", grounded.get("recall")),
                ("attention correctness", attention.get("correctness"))]
@@ -144,7 +147,7 @@ def main() -> None:
     data = load_records(ctx, loaded, cfg)
     records = data.get("records") or []
     st.caption(f"{len(records)} images · records: {data.get('source', 'eval_records.json')}")
-    draw_summaries(data)
+    draw_summaries(data, len(records))
     table = filter_ui(records_table(records, ctx.gallery))
     st.markdown(f"**{len(table)} images match.** Select a row to open its image in *Step through*, stopped at "
                 "its first wrong word.")
@@ -163,7 +166,7 @@ def main() -> None:
     if c2.button("Open in step-through", key="err_open_button", disabled=chosen is None):
         open_in_step(by_id[chosen])
     write_url()  # the filters are part of the link
-    st.subheader("Metrics per slice")
+    st.subheader("Metrics per slice: means of per-image scores")
     slices = pd.DataFrame(slice_metrics(records)).dropna(axis=1, how="all")  # no grounding: no correctness column
     st.dataframe(slices, hide_index=True, width="stretch",
                  column_config={name: st.column_config.NumberColumn(name, format="%.3f") for name in SCORES})

@@ -16,7 +16,7 @@ from explorer import maps
 from explorer import resources as res
 from explorer.components.figures import logprob_figure
 from explorer.components.text import draw_help
-from explorer.guards import beams, need_image, need_model
+from explorer.guards import beams, need_image, need_model, read_back
 from explorer.resources import PreparedImage
 from explorer.state import Context, context, keep_choice
 
@@ -49,16 +49,20 @@ def caption_input(sources: dict[str, str]) -> str:
     return text
 
 
-def word_table(scored: ScoredCaption, vocab: Vocab) -> pd.DataFrame:
+def word_table(scored: ScoredCaption, vocab: Vocab, hard: bool = False) -> pd.DataFrame:
+    """Per word: log p, p, max α, β (soft attention only: hard attention has no gate), known to the model."""
     words = [*scored.words, "<end>"]
-    return pd.DataFrame({
+    table = {
         "word": words,
         "log p": np.round(scored.logprobs, 3),
-        "p": np.round(np.exp(scored.logprobs), 4),
+        "p": np.round(np.exp(scored.logprobs), 3),
         "max α": np.round(scored.alphas.max(axis=1), 3),
         "β": np.round(scored.betas, 3),
         "known": [w in vocab.stoi and w != "<unk>" for w in words],
-    })
+    }
+    if hard:
+        del table["β"]
+    return pd.DataFrame(table)
 
 
 def shared_range(*scored: ScoredCaption) -> list[float]:
@@ -77,7 +81,7 @@ def draw_scored(title: str, scored: ScoredCaption, image: PreparedImage, ctx: Co
     fig = logprob_figure(words, scored.logprobs, [w == "<unk>" for w in words])
     fig.update_yaxes(range=y_range)
     st.plotly_chart(fig, key=f"{key}_lp", width="stretch")
-    st.dataframe(word_table(scored, vocab), hide_index=True, width="stretch")
+    st.dataframe(word_table(scored, vocab, ctx.loaded.model.hard), hide_index=True, width="stretch")
     st.image(maps.strip_with_scale(image.crop, words, scored.alphas, scored.grid, ctx.maps, columns=6))
 
 
@@ -98,26 +102,22 @@ def main() -> None:
     except SatError as err:
         st.error(str(err))
         st.stop()
-    # The model's own caption can be empty (it ended at once): then there is nothing to score beside yours.
-    model = res.score(ckpt, image.key, own.caption, loaded, image.tensor) if own.words else None
+    # The Caption page's caption, with the Caption page's numbers; one cut at the length cap is scored with an <end>.
+    model = read_back(ctx, own) if own.finished else res.score(ckpt, image.key, own.caption, loaded, image.tensor)
     if " ".join(words) != " ".join(text.split()):
         st.caption(f"Scored as: *{' '.join(words)}* (lower case, punctuation removed).")
     if yours.unknown:
         unknown = list(dict.fromkeys(yours.unknown))
         st.warning(f"Not in the model's vocabulary, scored as <unk>: {', '.join(unknown)}")
-    if model is not None:
-        diff = yours.logprob - model.logprob
-        st.markdown(f"Your caption is **{abs(diff):.2f} nats {'less' if diff < 0 else 'more'} likely** than the "
-                    f"model's own decode under this model (log p {yours.logprob:.2f} vs {model.logprob:.2f}).")
-    y_range = shared_range(yours, *([model] if model is not None else []))
+    diff = yours.logprob - model.logprob
+    st.markdown(f"Your caption is **{abs(diff):.2f} nats {'less' if diff < 0 else 'more'} likely** than the "
+                f"model's own decode under this model (log p {yours.logprob:.2f} vs {model.logprob:.2f}).")
+    y_range = shared_range(yours, model)
     left, right = st.columns(2)
     with left:
         draw_scored("Your caption", yours, image, ctx, "yours", loaded.vocab, y_range)
     with right:
-        if model is None:
-            st.info(f"The model's own caption is empty (it ended at once, log p = {own.logprob:.2f}).")
-        else:
-            draw_scored(f"The model's decode: {own.caption}", model, image, ctx, "own", loaded.vocab, y_range)
+        draw_scored(f"The model's decode: {own.caption}", model, image, ctx, "own", loaded.vocab, y_range)
     draw_help("Teacher forcing", (
         "Each word is fed to the decoder as the previous word of the next step, whatever the model would have "
         "said, so every word gets log p(y_t | a, y_<t) and its own α_t. The last row is the probability of "

@@ -95,9 +95,12 @@ def draw_step(ctx: Context, image: PreparedImage, session: DecodeSession, hard: 
                     f"“{view.word}” was taken from")
         draw_topk(view.top_words, view.top_probs, view.word, key="step_topk")
         draw_beam_choice(view)
-        m1, m2, m3 = st.columns(3)
-        m1.metric("β_t (gate)", f"{view.beta:.3f}")
-        m2.metric(f"p({view.word})", f"{np.exp(view.logprob):.3f}")
+        if hard:  # hard attention has no gate: the context is the chosen region's vector itself
+            m2, m3 = st.columns(2)
+        else:
+            m1, m2, m3 = st.columns(3)
+            m1.metric("β_t (gate)", f"{view.beta:.3f}")
+        m2.metric(f"p({view.word})", f"{np.exp(view.logprob):.3f}", help=f"log p = {view.logprob:.3f}")
         m3.metric("max α_t", f"{summary.max:.3f}", help=f"at row {summary.argmax[0]}, col {summary.argmax[1]}")
         st.caption(f"α is spread over about {summary.effective_regions:.1f} of {view.alpha.size} cells "
                    f"(exp of its entropy {summary.entropy:.2f} nats).")
@@ -138,7 +141,8 @@ def draw_view(ctx: Context, image: PreparedImage, loaded, timer: float | None) -
     if ctx.maps.coverage:
         draw_coverage(image, session, ctx.maps)
     st.download_button("Download α values so far (JSON)",
-                       viz.alphas_json(words, session.alphas, session.betas, session.grid),
+                       viz.alphas_json(words, session.alphas, None if loaded.model.hard else session.betas,
+                                       session.grid),
                        "steps_alphas.json", "application/json", key="step_json")
     if st.session_state.get(stepping.PLAYING) and not stepping.tick(session):
         st.rerun()  # the end: stop the timer

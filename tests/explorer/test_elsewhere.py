@@ -35,8 +35,8 @@ def _expected(env, scene, region, mode):
     original = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, cfg)[0][0]
     edit = Intervention(region, mode)
     changed = beam_search(loaded.model, tensor.unsqueeze(0), loaded.vocab, cfg, intervention=edit)[0][0]
-    before = score_caption(loaded.model, loaded.vocab, tensor, original.caption)
-    after = score_caption(loaded.model, loaded.vocab, tensor, original.caption, intervention=edit)
+    before = score_caption(loaded.model, loaded.vocab, tensor, original.caption, precision="fp32")
+    after = score_caption(loaded.model, loaded.vocab, tensor, original.caption, intervention=edit, precision="fp32")
     return original, changed, before, after
 
 

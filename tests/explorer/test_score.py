@@ -35,7 +35,7 @@ def test_punctuation_is_stripped_and_only_unknown_words_are_listed(explorer_env)
     assert warnings == ["Not in the model's vocabulary, scored as <unk>: zorblax"]
     text = " ".join([*known, "zorblax"])
     assert any(f"Scored as: *{text}*" in c.value for c in at.caption)
-    scored = score_caption(loaded.model, loaded.vocab, tensor, text)
+    scored = score_caption(loaded.model, loaded.vocab, tensor, text, precision="fp32")
     table = at.dataframe[0].value
     assert list(table["word"]) == [*known, "<unk>", "<end>"]
     np.testing.assert_allclose(table["log p"], np.round(scored.logprobs, 3))
@@ -52,8 +52,8 @@ def test_the_picker_fills_the_box_and_both_charts_share_one_y_axis(explorer_env)
     assert at.text_input(key="score_text").value == own.caption
     at.selectbox(key="score_ref").set_value("ref2").run()
     reference = at.text_input(key="score_text").value
-    expected = score_caption(loaded.model, loaded.vocab, tensor, reference)
-    mine = score_caption(loaded.model, loaded.vocab, tensor, own.caption)
+    expected = score_caption(loaded.model, loaded.vocab, tensor, reference, precision="fp32")
+    mine = score_caption(loaded.model, loaded.vocab, tensor, own.caption, precision="fp32")
     assert any(m.value == f"#### The model's decode: {own.caption}" for m in at.markdown)
     assert any(f"log p {expected.logprob:.2f} vs {mine.logprob:.2f}" in m.value for m in at.markdown)
     charts = logp_charts(at)

@@ -20,7 +20,7 @@ from tests.explorer.conftest import new_app
 def reference_session(env, attention: str, scene: int, max_len: int = 20) -> DecodeSession:
     loaded = env.checkpoint(attention)
     tensor, _ = preprocess(load_image(env.scene_path(scene)), loaded.preprocess)
-    return DecodeSession(loaded.model, loaded.vocab, tensor, DecodeConfig(beam_size=1, max_len=max_len), top_k=5)
+    return DecodeSession(loaded.model, loaded.vocab, tensor, DecodeConfig(beam_size=1, max_len=max_len, precision="fp32"), top_k=5)
 
 
 def step_line(at) -> str:
@@ -168,7 +168,7 @@ def test_sampled_hard_attention_marks_the_sampled_location(explorer_env):
     scene = explorer_env.test_ids()[1]
     loaded = explorer_env.checkpoint("hard")
     tensor, _ = preprocess(load_image(explorer_env.scene_path(scene)), loaded.preprocess)
-    cfg = DecodeConfig(beam_size=1, max_len=20, hard_mode="sample", seed=3)
+    cfg = DecodeConfig(beam_size=1, max_len=20, hard_mode="sample", seed=3, precision="fp32")
     first = DecodeSession(loaded.model, loaded.vocab, tensor, cfg, top_k=5).step()
     at = open_step({"ckpt": "tiny-hard", "scene": str(scene), "hard_mode": "sample", "seed": "3"})
     marker = next(t for t in alpha_chart(at)["data"] if t["type"] == "scatter")
@@ -220,7 +220,7 @@ def test_step_through_replays_the_caption_pages_caption_and_says_where_beam_sear
     for scene in explorer_env.test_ids():
         tensor, _ = preprocess(load_image(explorer_env.scene_path(scene)), loaded.preprocess)
         best = beam_search(loaded.model, tensor[None], loaded.vocab, cfg)[0][0]
-        follower = DecodeSession(loaded.model, loaded.vocab, tensor, dataclasses.replace(cfg, beam_size=1))
+        follower = DecodeSession(loaded.model, loaded.vocab, tensor, dataclasses.replace(cfg, beam_size=1, precision="fp32"))
         follower.sync(99, {}, follow=best.tokens)
         chosen = [s for s in follower.steps if s.rank != 1]
         if chosen:
