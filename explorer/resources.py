@@ -33,10 +33,6 @@ from explorer.settings import DataSource
 GALLERY_SIZE = 24  # test scenes generated when no dataset folder exists (plus training-like ones for the domain check)
 DISPLAY_SIDE = 768  # px: the original image is kept at most this large (caches hold many uploads)
 EVAL_RECORDS_FILE = "eval_records.json"
-# Every p, log p, α and β the pages show is computed in fp32, one row at a time (teacher forcing, step-through
-# sessions): the same numbers on every page. Beam search keeps the checkpoint's precision (bf16 where it is faster),
-# so its captions are those of `python -m sat_core.caption`.
-NUMBERS_PRECISION = "fp32"
 
 
 # ---- checkpoints ----------------------------------------------------------------------------------
@@ -222,12 +218,10 @@ def decode(ckpt: str, image_key: str, cfg: DecodeConfig, region_key: str, _loade
 
 
 @st.cache_data(max_entries=64, ttl=3600, show_spinner="Scoring…")
-def score(ckpt: str, image_key: str, caption: str | tuple[int, ...], _loaded: LoadedCheckpoint, _tensor: Any,
-          region_key: str = "", _intervention: Intervention | None = None):
-    """Teacher forcing of ``caption`` (text, or token ids) in ``NUMBERS_PRECISION``; ``region_key`` names the
-    intervention (if any)."""
-    return score_caption(_loaded.model, _loaded.vocab, _tensor, caption, intervention=_intervention,
-                         precision=NUMBERS_PRECISION)
+def score(ckpt: str, image_key: str, caption: str, _loaded: LoadedCheckpoint, _tensor: Any, region_key: str = "",
+          _intervention: Intervention | None = None):
+    """Teacher forcing of ``caption``; ``region_key`` names the intervention (if any)."""
+    return score_caption(_loaded.model, _loaded.vocab, _tensor, caption, intervention=_intervention)
 
 
 @st.cache_data(max_entries=32, ttl=3600, show_spinner="Sampling locations…")

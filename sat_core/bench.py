@@ -377,9 +377,9 @@ def shipped_model(images: int) -> DecodeModel:
     import numpy as np
     from PIL import Image
 
-    from sat_core import world
     from sat_core.checkpoint import load_checkpoint
     from sat_core.data.images import preprocess
+    from sat_core.worlds.shapes import scene as world
 
     loaded = load_checkpoint(SHIPPED)
     rng = np.random.default_rng(0)

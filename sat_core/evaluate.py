@@ -148,7 +148,7 @@ def word_attention(dec: Decoded, token_objects: dict[int, list[int]]) -> list[di
     entropy and the mask's (``grounding.mask_entropy``: α spread over the object as the mask covers the cells),
     and where the rest of α went (``grounding.attention_elsewhere``): on the scene's other objects, and on the
     background beside the named one."""
-    from sat_core.grounding import (attention_ceiling, attention_correctness, attention_elsewhere, mask_entropy,
+    from sat_core.evaluation.grounding import (attention_ceiling, attention_correctness, attention_elsewhere, mask_entropy,
                                     word_kind)
     from sat_core.data.masks import rle_decode
 
@@ -202,7 +202,7 @@ def image_record(dec: Decoded, scores: dict[str, float], stats: WordStats) -> tu
     and attention_correctness (mean share over the NAMING_KINDS words). ``eval_records.json`` and the
     explorer's error analysis hold exactly these records.
     """
-    from sat_core.grounding import ground
+    from sat_core.evaluation.grounding import ground
 
     hyp = dec.hypothesis
     entropy = alpha.entropy(hyp.alphas[: len(hyp.words)]) if hyp.words else np.zeros(0)
@@ -237,7 +237,7 @@ def image_record(dec: Decoded, scores: dict[str, float], stats: WordStats) -> tu
 def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """α entropy per generated word over all words and per word kind; attention correctness over naming
     words, and their α's entropy against that of the objects' masks."""
-    from sat_core.grounding import word_kind
+    from sat_core.evaluation.grounding import word_kind
 
     alphas = [d.hypothesis.alphas[: len(d.hypothesis.words)] for d in decoded if d.hypothesis.words]
     L = decoded[0].hypothesis.alphas.shape[1]
@@ -281,7 +281,7 @@ def correctness_by_kind(words: Sequence[dict[str, Any]]) -> dict[str, dict[str, 
 
 def beta_by_kind(decoded: Sequence[Decoded]) -> dict[str, dict[str, float]]:
     """Mean gate β_t over the generated words of each kind (call only for gated models)."""
-    from sat_core.grounding import word_kind
+    from sat_core.evaluation.grounding import word_kind
 
     values: dict[str, list[float]] = {}
     for d in decoded:
@@ -293,7 +293,7 @@ def beta_by_kind(decoded: Sequence[Decoded]) -> dict[str, dict[str, float]]:
 def score_decoded(decoded: Sequence[Decoded], *, gated: bool, stats: WordStats,
                   meteor: bool = True) -> dict[str, Any]:
     """Corpus metrics, grounded accuracy, attention figures, β by kind and records of decoded images."""
-    from sat_core.grounding import aggregate
+    from sat_core.evaluation.grounding import aggregate
     from sat_core.metrics import caption_metrics
 
     refs = {d.index: [" ".join(s) for s in d.record.sentences] for d in decoded}

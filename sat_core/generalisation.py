@@ -136,7 +136,7 @@ def find_sets(suite_dir: str | Path | None, shifted: str | Path | None) -> list[
     """(name, dataset.json) of the shifted split and each suite folder, suite transforms in their order.
 
     ``shifted`` None: ``DEFAULT_SHIFTED``, skipped with a warning when absent; a path given must exist."""
-    from sat_core.transforms import NAMES
+    from sat_core.worlds.scenes.transforms import NAMES
 
     found: list[tuple[str, Path]] = []
     path = Path(shifted) if shifted is not None else DEFAULT_SHIFTED

@@ -30,7 +30,7 @@ from sat_core.data.karpathy import ImageStore, load_karpathy, normalise
 from sat_core.errors import DatasetError, SatError
 from sat_core.models.encoder import Encoder
 from sat_core.data.masks import rle_decode
-from sat_core.world import COLOURS, SHAPES, SIZES
+from sat_core.worlds.shapes.scene import COLOURS, SHAPES, SIZES
 
 HEADS = {"shape": ["background", *SHAPES], "colour": ["background", *COLOURS], "size": ["background", *SIZES]}
 MIN_COVER = 0.25  # a cell is labelled with an object covering at least this share of it

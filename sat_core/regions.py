@@ -16,7 +16,6 @@ import torch
 from sat_core.config import PreprocessConfig
 from sat_core.data.karpathy import CaptionDataset
 from sat_core.errors import DatasetError, SatError
-from sat_core.grounding import attention_correctness
 from sat_core.data.images import CropInfo, crop_info
 from sat_core.data.masks import rle_decode
 
@@ -122,12 +121,6 @@ class AttentionTargets:
             self._covers[image] = {o["id"]: cell_cover(m, crop, grid).astype(np.float32).ravel()
                                    for o, m in zip(objects, masks)}
         return self._covers[image]
-
-
-def correctness_on_crop(alpha_grid: np.ndarray, mask: np.ndarray, crop: CropInfo) -> tuple[float, float]:
-    """grounding.attention_correctness for a mask in original-image pixels, cut to the encoder's crop."""
-    return attention_correctness(alpha_grid, mask_on_alpha_grid(np.asarray(mask, dtype=bool), crop,
-                                                                 np.shape(alpha_grid)))
 
 
 def box_mask(size: tuple[int, int], box: tuple[int, int, int, int]) -> np.ndarray:

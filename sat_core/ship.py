@@ -66,7 +66,8 @@ def ensure_world(cfg: TrainConfig, kind: str = "shapes", caption_order: str | No
     """Generate the preset's world if it is missing; refuse a scenes world whose captions name the objects
     in another order than ``caption_order``, the one the preset trains on (worlds written before the order
     was kept in dataset.json are random-order ones)."""
-    from sat_core.world import SCENES_VERSION, SHIPPED_CAPTION_ORDER, generate
+    from sat_core.worlds.scenes import VERSION as SCENES_VERSION
+    from sat_core.worlds.writer import SHIPPED_CAPTION_ORDER, generate
 
     caption_order = caption_order or SHIPPED_CAPTION_ORDER
 
@@ -101,8 +102,8 @@ def ensure_world(cfg: TrainConfig, kind: str = "shapes", caption_order: str | No
 def ensure_generalisation_sets(cfg: TrainConfig) -> tuple[Path, Path]:
     """The shifted split and the transformation suite beside the preset's scenes world (``data/scenes_shifted``,
     ``data/scenes_suite``), written when missing or older than the world; returns (shifted dataset.json, suite)."""
-    from sat_core.transforms import write_suite
-    from sat_core.world import generate
+    from sat_core.worlds.scenes.transforms import write_suite
+    from sat_core.worlds.writer import generate
 
     world = Path(cfg.data.dataset)
     root = Path(cfg.data.images).parent

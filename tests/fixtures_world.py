@@ -1,6 +1,6 @@
 """Tiny Karpathy-format datasets for training tests: a few synthetic-world images, hand-set captions.
 
-``make_dataset`` renders images with ``sat_core.world`` and writes a split JSON whose captions the test
+``make_dataset`` renders images with ``sat_core.worlds`` and writes a split JSON whose captions the test
 chooses, so a test knows exactly what a model that overfits must say. ``TINY_MODEL`` and ``train_args``
 give the CLI flags for a model that trains in well under a second per epoch on one CPU core.
 """
@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from sat_core.world import generate
+from sat_core.worlds.writer import generate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

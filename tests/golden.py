@@ -59,7 +59,7 @@ def golden_images(folder: Path, kind: str) -> dict[str, Any]:
     from skimage import data as skdata
 
     from sat_core.data.karpathy import load_karpathy
-    from sat_core.world import generate
+    from sat_core.worlds.writer import generate
 
     generate(folder, 0, 0, WORLD["test"], seed=WORLD["seed"], workers=1, kind=kind)
     data = load_karpathy(folder / "dataset.json", folder)

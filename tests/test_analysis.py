@@ -68,7 +68,7 @@ def test_slice_metrics_group_records():
 
 
 def test_count_table_crosses_what_was_said_with_the_scene():
-    from sat_core.scenes_grounding import ground
+    from sat_core.worlds.scenes.grounding import ground
     from tests.test_scenes_grounding import TWO_DOGS
 
     captions = ["two dogs and a cat", "a dog and a cat", "three dogs", "dogs", "two cats", "a cat"]
@@ -85,7 +85,7 @@ def test_count_table_crosses_what_was_said_with_the_scene():
 
 def test_count_table_by_groups_tells_a_pair_alone_from_a_pair_beside_another_object():
     from sat_core.analysis import count_table_by_groups
-    from sat_core.scenes_grounding import ground
+    from sat_core.worlds.scenes.grounding import ground
     from tests.test_scenes_grounding import TWO_DOGS
 
     pair = [o for o in TWO_DOGS if o["category"] == "dog"]

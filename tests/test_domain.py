@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from sat_core import world
+from sat_core.worlds import writer
 from sat_core.config import ModelConfig, PreprocessConfig
 from sat_core.domain import ANNOTATION_MARGIN, AnnotationReference, DomainReference, mean_annotations
 from sat_core.errors import SatError
@@ -68,7 +68,7 @@ def test_annotation_reference_measures_in_units_of_the_loneliest_reference():
 def test_the_encoders_view_flags_photos_that_the_colour_statistics_let_through(tmp_path):
     """Against the scenes world, colour statistics cannot tell photos apart; ImageNet features can."""
     # the scenes as rendered (no degraded training pictures: a greyed or blurred reference widens the reach)
-    path = world.generate(tmp_path, 40, 0, 12, seed=5, workers=1, kind="scenes", augment=False)
+    path = writer.generate(tmp_path, 40, 0, 12, seed=5, workers=1, kind="scenes", augment=False)
     doc = json.loads(path.read_text())
     scenes = {split: [load_image(tmp_path / e["filepath"] / e["filename"]) for e in doc["images"]
                       if e["split"] == split] for split in ("train", "test")}

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from sat_core import world
+from sat_core.data import masks
+from sat_core.worlds import writer
+from sat_core.worlds.shapes import scene as shapes
 from sat_core.caption_errors import REFERENCE_LABELS, WordStats
 from sat_core.checkpoint import load_checkpoint, save_checkpoint
 from sat_core.config import DecodeConfig, PreprocessConfig
@@ -21,7 +23,7 @@ from sat_core.evaluate import (
     NAMING_KINDS, Decoded, decode_split, evaluate, evaluate_images, image_record, main,
     score_decoded,
 )
-from sat_core.grounding import attention_correctness, ground
+from sat_core.evaluation.grounding import attention_correctness, ground
 from sat_core.data.images import load_image, preprocess
 from sat_core.metrics import BLEU_KEYS, caption_metrics
 from sat_core.models.captioner import Captioner
@@ -34,7 +36,7 @@ CFG = DecodeConfig(beam_size=2, max_len=10)
 @pytest.fixture(scope="module")
 def world_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("world")
-    path = world.generate(root, 10, 0, N_TEST, seed=3, workers=1)
+    path = writer.generate(root, 10, 0, N_TEST, seed=3, workers=1)
     return root, path, load_karpathy(path, root)
 
 
@@ -46,8 +48,8 @@ def _namer(vocab, attention):
     config = tiny_config(V, attention=attention, embed_dim=V)
     model = Captioner(config).eval()
     ids = lambda words: [vocab.stoi[w] for w in words if w in vocab.stoi]  # noqa: E731
-    successors = {vocab.start_id: ids(["a"]), vocab.stoi["a"]: ids(world.COLOURS)}
-    successors |= {c: ids(world.SHAPES) for c in ids(world.COLOURS)}
+    successors = {vocab.start_id: ids(["a"]), vocab.stoi["a"]: ids(shapes.COLOURS)}
+    successors |= {c: ids(shapes.SHAPES) for c in ids(shapes.COLOURS)}
     with torch.no_grad():
         model.decoder.embed.weight.copy_(torch.eye(V) * 6)
         weight = torch.zeros(V, V)
@@ -170,7 +172,7 @@ def test_attention_correctness_equals_direct_recomputation(checkpoint, world_dat
         expected = []
         for t, ids in grounding.token_objects.items():
             if len(ids) == 1 and t < len(dec.hypothesis.words):
-                mask = world.rle_decode(objects[ids[0]]["mask"])  # 112×112 tiles the 14×14 grid
+                mask = masks.rle_decode(objects[ids[0]]["mask"])  # 112×112 tiles the 14×14 grid
                 share, _ = attention_correctness(dec.hypothesis.alphas[t].reshape(14, 14), mask)
                 if record["words"][len(expected)]["kind"] in NAMING_KINDS:
                     checked += 1
@@ -178,7 +180,7 @@ def test_attention_correctness_equals_direct_recomputation(checkpoint, world_dat
                 q, a = cover[cover > 0] / cover.sum(), dec.hypothesis.alphas[t].astype(np.float64)
                 rest = np.zeros_like(mask)
                 for i in objects.keys() - {ids[0]}:
-                    rest |= world.rle_decode(objects[i]["mask"])
+                    rest |= masks.rle_decode(objects[i]["mask"])
                 other = (rest & ~mask).reshape(14, 8, 14, 8).mean(axis=(1, 3))
                 rows, cols = np.nonzero(cover)
                 near = np.zeros((14, 14), bool)  # the cells within one cell of one the object touches
@@ -198,9 +200,9 @@ def _cell_aligned(objects):
     """Objects whose masks are whole 8×8 cells (the cells their mask touches most), so α can equal them."""
     out = []
     for o in objects:
-        cover = world.rle_decode(o["mask"]).reshape(14, 8, 14, 8).mean(axis=(1, 3))  # (14, 14)
+        cover = masks.rle_decode(o["mask"]).reshape(14, 8, 14, 8).mean(axis=(1, 3))  # (14, 14)
         cells = cover >= cover.max() * 0.5
-        out.append({**o, "mask": world.rle_encode(np.kron(cells, np.ones((8, 8), bool)))})
+        out.append({**o, "mask": masks.rle_encode(np.kron(cells, np.ones((8, 8), bool)))})
     return out
 
 
@@ -214,7 +216,7 @@ def _oracle(data, vocab, alpha_for):
         links = dict((t, ids) for t, ids in rec.links[0])
         alphas = np.full((len(words) + 1, 196), 1 / 196)
         for t, ids in links.items():  # a plural's α covers all its objects: not one object's mask
-            mask = np.logical_or.reduce([world.rle_decode(o["mask"]) for o in rec.objects if o["id"] in ids])
+            mask = np.logical_or.reduce([masks.rle_decode(o["mask"]) for o in rec.objects if o["id"] in ids])
             alphas[t] = alpha_for(mask)
         hyp = Hypothesis(vocab.encode(words, add_specials=False) + [vocab.end_id], list(words), -1.0, -1.0,
                          alphas, np.full(len(words) + 1, 0.5), np.full(len(words) + 1, -1), True, (14, 14))

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from sat_core import cli, transforms, world
+from sat_core import cli
+from sat_core.worlds import writer
+from sat_core.worlds.scenes import transforms
 from sat_core.checkpoint import load_checkpoint, save_checkpoint
 from sat_core.config import PreprocessConfig
 from sat_core.data.karpathy import ImageRecord, KarpathyData, build_vocab, load_karpathy
@@ -17,7 +19,7 @@ from sat_core.evaluate import build_parser, evaluate, main
 from sat_core.generalisation import (
     category_recall, left_right_statements, mirror_agreement, set_figures, warned_share,
 )
-from sat_core.grounding import ground
+from sat_core.evaluation.grounding import ground
 from sat_core.models.captioner import Captioner
 from tests.conftest import tiny_config
 
@@ -69,8 +71,8 @@ def test_category_recall_ignores_colour():
 @pytest.fixture(scope="module")
 def world_and_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("generalisation")
-    path = world.generate(root / "scenes", 6, 0, 5, seed=2, workers=1, kind="scenes")
-    shifted = world.generate(root / "shifted", 0, 0, 3, seed=9, workers=1, kind="scenes")
+    path = writer.generate(root / "scenes", 6, 0, 5, seed=2, workers=1, kind="scenes")
+    shifted = writer.generate(root / "shifted", 0, 0, 3, seed=9, workers=1, kind="scenes")
     transforms.write_suite(path, path.parent, root / "suite")
     data = load_karpathy(path, path.parent)
     vocab = build_vocab(data, min_count=1)

@@ -6,11 +6,13 @@ import random
 import numpy as np
 import pytest
 
-from sat_core import world
-from sat_core.grounding import (
+from sat_core.worlds.shapes import captions as shape_captions
+from sat_core.worlds.shapes import scene as shapes
+from sat_core.evaluation.grounding import (
     ERROR_LABELS, aggregate, attention_ceiling, attention_correctness, attention_elsewhere, ground, mask_entropy,
-    parse_caption, word_kind,
+    word_kind,
 )
+from sat_core.worlds.shapes.grounding import parse_caption
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +21,8 @@ def scenes():
     out = []
     for seed in range(60):
         rng = np.random.default_rng(1000 + seed)
-        objects = world.scene_objects(world.generate_scene(rng))
-        out.append((objects, world.describe(objects, rng)))
+        objects = shapes.scene_objects(shapes.generate_scene(rng))
+        out.append((objects, shape_captions.describe(objects, rng)))
     return out
 
 
@@ -98,9 +100,9 @@ def test_corrupted_colour_gets_wrong_colour(scenes):
         s = sentences[0]
         ti, oids = s["links"][-1]  # the last linked token is a shape noun; the one before a colour
         colour_at = ti - 1
-        shape = world.SHAPE_WORDS[s["tokens"][ti]][0]
+        shape = shapes.SHAPE_WORDS[s["tokens"][ti]][0]
         taken = {o["colour"] for o in objects if o["shape"] == shape}
-        new = next(c for c in world.COLOURS if c not in taken)
+        new = next(c for c in shapes.COLOURS if c not in taken)
         g = ground(_replace(s["tokens"], colour_at, new), objects)
         assert g.errors.get("wrong_colour") == len(oids), (s["raw"], new)
         assert g.colour_accuracy < 1.0 and g.precision < 1.0 and g.shape_accuracy == 1.0
@@ -110,11 +112,11 @@ def test_corrupted_shape_and_size_get_their_labels(scenes):
     for objects, sentences in scenes:
         s = sentences[0]
         ti, oids = s["links"][-1]
-        shape, plural = world.SHAPE_WORDS[s["tokens"][ti]]
+        shape, plural = shapes.SHAPE_WORDS[s["tokens"][ti]]
         colour = s["tokens"][ti - 1]
         taken = {o["shape"] for o in objects if o["colour"] == colour}
-        new = next(x for x in world.SHAPES if x not in taken)
-        g = ground(_replace(s["tokens"], ti, world.SHAPES[new] if plural else new), objects)
+        new = next(x for x in shapes.SHAPES if x not in taken)
+        g = ground(_replace(s["tokens"], ti, shapes.SHAPES[new] if plural else new), objects)
         assert "wrong_shape" in g.labels and g.shape_accuracy < 1.0, s["raw"]
     g = ground("a big blue square".split(), SCENE)
     assert "wrong_size" in g.labels and g.size_accuracy == 0.0 and g.precision == 1.0
@@ -122,9 +124,9 @@ def test_corrupted_shape_and_size_get_their_labels(scenes):
 
 def test_dropped_object_is_missed_and_extra_object_hallucinated(scenes):
     for objects, _ in scenes:
-        groups = world._groups(objects)
-        phrase = lambda g: [world.NUMBER_WORDS.get(len(g), "a"), g[0]["size"], g[0]["colour"],  # noqa: E731
-                            world.SHAPES[g[0]["shape"]] if len(g) > 1 else g[0]["shape"]]
+        groups = shape_captions._groups(objects)
+        phrase = lambda g: [shapes.NUMBER_WORDS.get(len(g), "a"), g[0]["size"], g[0]["colour"],  # noqa: E731
+                            shapes.SHAPES[g[0]["shape"]] if len(g) > 1 else g[0]["shape"]]
         full = [w for g in groups for w in ["and", *phrase(g)]][1:]
         assert ground(full, objects).labels == []
         if len(groups) > 1:
@@ -132,7 +134,7 @@ def test_dropped_object_is_missed_and_extra_object_hallucinated(scenes):
             g = ground(dropped, objects)
             assert g.labels == ["missed_object"] and g.recall < 1.0 and g.precision == 1.0
         present = {(o["shape"], o["colour"]) for o in objects}
-        extra = next((s, c) for s in world.SHAPES for c in world.COLOURS
+        extra = next((s, c) for s in shapes.SHAPES for c in shapes.COLOURS
                      if s not in {o["shape"] for o in objects} and c not in {o["colour"] for o in objects})
         assert extra not in present
         g = ground(full + ["and", "a", extra[1], extra[0]], objects)
@@ -179,8 +181,8 @@ def test_changed_count_gets_wrong_count(scenes):
 
 def test_arbitrary_output_never_raises():
     rng = random.Random(0)
-    words = sorted(set(w for p in world.RELATION_PHRASES for w in p) | set(world.SHAPE_WORDS)
-                   | set(world.COLOURS) | set(world.SIZE_WORDS) | set(world.COUNT_WORDS)
+    words = sorted(set(w for p in shapes.RELATION_PHRASES for w in p) | set(shapes.SHAPE_WORDS)
+                   | set(shapes.COLOURS) | set(shapes.SIZE_WORDS) | set(shapes.COUNT_WORDS)
                    | {"and", "the", "<unk>", "", "xyz", "4"})
     for _ in range(400):
         tokens = [rng.choice(words) for _ in range(rng.randint(0, 25))]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from sat_core import caption as caption_cli
-from sat_core.world import generate
+from sat_core.worlds.writer import generate
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"

@@ -6,9 +6,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sat_core import scenes, world
-from sat_core.scenes_assets import ASSET_DIR, sprite
-from sat_core.scenes_catalog import (
+from sat_core import world
+from sat_core.data import masks
+from sat_core.worlds import writer
+from sat_core.worlds.scenes import layout as scenes
+from sat_core.worlds.scenes.sprites import ASSET_DIR, sprite
+from sat_core.worlds.scenes.catalog import (
     CATEGORIES, COLOURS, COUNT_WORDS, NOUNS, NUMBER_WORDS, PLACES, RELATION_WORDS, all_codes,
 )
 
@@ -21,7 +24,7 @@ def runs(tmp_path_factory):
     out = {}
     for name, seed, workers in [("a", 5, 2), ("b", 5, 1), ("c", 6, 2)]:
         root = tmp_path_factory.mktemp(name)
-        out[name] = (root, world.generate(root, *SIZES, seed=seed, workers=workers, kind="scenes"))
+        out[name] = (root, writer.generate(root, *SIZES, seed=seed, workers=workers, kind="scenes"))
     return out
 
 
@@ -62,7 +65,7 @@ def test_masks_are_the_sprites_alpha_minus_what_covers_them():
             placed = np.zeros((224, 224), bool)
             placed[ys, xs] = thing.alpha[ss, cs] >= 0.5
             expected = placed & ~covered
-            assert np.array_equal(world.rle_decode(record["mask"]), expected)
+            assert np.array_equal(masks.rle_decode(record["mask"]), expected)
             assert record["area"] == int(expected.sum()) >= scenes.MIN_VISIBLE * placed.sum()
             covered |= placed
         # the resized alpha comes from the vendored sprite (same share of opaque pixels, ±5 %)
@@ -116,9 +119,9 @@ def test_captions_state_relations_places_and_colours(data):
 
 
 def test_references_name_groups_left_to_right_so_left_of_is_the_only_horizontal_relation(tmp_path):
-    path = world.generate(tmp_path / "random", 24, 0, 0, seed=5, workers=1, kind="scenes", caption_order="random")
+    path = writer.generate(tmp_path / "random", 24, 0, 0, seed=5, workers=1, kind="scenes", caption_order="random")
     assert any("right" in s["tokens"] for im in json.loads(path.read_text())["images"] for s in im["sentences"])
-    path = world.generate(tmp_path / "l2r", 24, 0, 0, seed=5, workers=1, kind="scenes", caption_order="left_to_right")
+    path = writer.generate(tmp_path / "l2r", 24, 0, 0, seed=5, workers=1, kind="scenes", caption_order="left_to_right")
     data = json.loads(path.read_text())
     assert data["caption_order"] == "left_to_right"
     horizontal = 0
@@ -137,7 +140,7 @@ def test_references_name_groups_left_to_right_so_left_of_is_the_only_horizontal_
 
 
 def test_largest_first_references_name_the_largest_group_first_and_equal_ones_left_to_right(tmp_path):
-    path = world.generate(tmp_path / "largest", 40, 0, 0, seed=5, workers=1, kind="scenes")
+    path = writer.generate(tmp_path / "largest", 40, 0, 0, seed=5, workers=1, kind="scenes")
     data = json.loads(path.read_text())
     assert data["caption_order"] == "largest_first"  # the shipped world's order is the default
     mixed = 0  # captions of scenes whose groups differ in size: where this order differs from left to right
@@ -252,10 +255,10 @@ def test_some_objects_are_cut_by_the_border_and_keep_most_of_themselves_inside()
 
 
 def test_the_shifted_split_shares_no_surface_style_or_horizon_with_training(tmp_path):
-    from sat_core.scenes_render import HELD_OUT
+    from sat_core.worlds.scenes.render import HELD_OUT
 
-    usual = json.loads(world.generate(tmp_path / "u", 40, 5, 5, seed=1, kind="scenes").read_text())
-    shifted = json.loads(world.generate(tmp_path / "s", 0, 0, 40, seed=1, kind="scenes", shifted=True).read_text())
+    usual = json.loads(writer.generate(tmp_path / "u", 40, 5, 5, seed=1, kind="scenes").read_text())
+    shifted = json.loads(writer.generate(tmp_path / "s", 0, 0, 40, seed=1, kind="scenes", shifted=True).read_text())
     assert shifted["shifted"] is True and usual["shifted"] is False
     usual_styles = {(s, v) for im in usual["images"] for s, v in im["styles"].items()}
     shifted_styles = {(s, v) for im in shifted["images"] for s, v in im["styles"].items()}
@@ -275,7 +278,7 @@ def test_the_shifted_split_shares_no_surface_style_or_horizon_with_training(tmp_
 
 
 def test_only_training_pictures_are_degraded_and_each_says_how(tmp_path):
-    path = world.generate(tmp_path / "w", 80, 20, 20, seed=2, kind="scenes")
+    path = writer.generate(tmp_path / "w", 80, 20, 20, seed=2, kind="scenes")
     images = json.loads(path.read_text())["images"]
     degraded = [im for im in images if "degraded" in im]
     assert degraded and all(im["split"] == "train" for im in degraded)
@@ -286,7 +289,7 @@ def test_only_training_pictures_are_degraded_and_each_says_how(tmp_path):
             with Image.open(tmp_path / "w" / im["filepath"] / im["filename"]) as img:
                 pixels = np.asarray(img).astype(int)
             assert (pixels[..., 0] == pixels[..., 1]).all() and (pixels[..., 1] == pixels[..., 2]).all()
-    plain = world.generate(tmp_path / "p", 80, 0, 0, seed=2, kind="scenes", augment=False)
+    plain = writer.generate(tmp_path / "p", 80, 0, 0, seed=2, kind="scenes", augment=False)
     assert not any("degraded" in im for im in json.loads(plain.read_text())["images"])
 
 

@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from sat_core import scenes, scenes_captions
-from sat_core.grounding import ERROR_LABELS, aggregate, ground, word_kind
-from sat_core.scenes_grounding import SceneGrounding, parse
+from sat_core.worlds.scenes import layout as scenes
+from sat_core.worlds.scenes import captions as scenes_captions
+from sat_core.evaluation.grounding import ERROR_LABELS, aggregate, ground, word_kind
+from sat_core.worlds.scenes.grounding import SceneGrounding, parse
 
 
 def _obj(oid, category, colour, bbox, layer="ground"):

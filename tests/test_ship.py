@@ -77,16 +77,16 @@ def test_a_scenes_world_in_another_caption_order_is_refused_with_what_to_do(tmp_
 
 
 def test_each_scenes_preset_trains_on_its_own_world_folder_in_its_caption_order(tmp_path, monkeypatch):
-    from sat_core import world
+    from sat_core.worlds import writer
 
     folders = {}
     for name, order in ship.CAPTION_ORDER.items():
         cfg = TrainConfig.from_dict(json.loads(ship.preset_path(name).read_text()))
         assert Path(cfg.data.dataset).parent == Path(cfg.data.images)
         folders[name] = cfg.data.images
-        assert (cfg.data.images == "data/scenes") == (order == world.SHIPPED_CAPTION_ORDER)  # the default world
+        assert (cfg.data.images == "data/scenes") == (order == writer.SHIPPED_CAPTION_ORDER)  # the default world
         made = []
-        monkeypatch.setattr(world, "generate", lambda out, *a, **k: made.append((str(out), k)))
+        monkeypatch.setattr(writer, "generate", lambda out, *a, **k: made.append((str(out), k)))
         cfg = TrainConfig.from_dict({"data": {"dataset": str(tmp_path / name / "dataset.json"),
                                               "images": str(tmp_path / name)}})
         ship.ensure_world(cfg, "scenes", order)  # missing: generated in the preset's order
@@ -99,12 +99,12 @@ def test_each_scenes_preset_trains_on_its_own_world_folder_in_its_caption_order(
 
 
 def test_the_scenes_world_names_the_largest_group_first_unless_told_otherwise(tmp_path):
-    from sat_core import world
+    from sat_core.worlds import writer
 
-    largest = json.loads(world.generate(tmp_path / "a", 2, 0, 0, seed=3, workers=1, kind="scenes").read_text())
-    rand = json.loads(world.generate(tmp_path / "b", 2, 0, 0, seed=3, workers=1, kind="scenes",
+    largest = json.loads(writer.generate(tmp_path / "a", 2, 0, 0, seed=3, workers=1, kind="scenes").read_text())
+    rand = json.loads(writer.generate(tmp_path / "b", 2, 0, 0, seed=3, workers=1, kind="scenes",
                                      caption_order="random").read_text())
-    left = json.loads(world.generate(tmp_path / "c", 2, 0, 0, seed=3, workers=1, kind="scenes",
+    left = json.loads(writer.generate(tmp_path / "c", 2, 0, 0, seed=3, workers=1, kind="scenes",
                                      caption_order="left_to_right").read_text())
     assert [d["caption_order"] for d in (largest, rand, left)] == ["largest_first", "random", "left_to_right"]
     assert [im["objects"] for im in largest["images"]] == [im["objects"] for im in rand["images"]]
@@ -179,10 +179,10 @@ def test_the_card_says_how_long_the_setup_took_when_the_log_kept_it(tmp_path):
 
 def test_the_ship_generates_a_scenes_world_three_times_the_shapes_one_and_the_card_counts_the_real_one(
         tmp_path, monkeypatch):
-    from sat_core import world
+    from sat_core.worlds import writer
 
     made = []
-    monkeypatch.setattr(world, "generate", lambda out, *a, **k: made.append((Path(out).name, a)))
+    monkeypatch.setattr(writer, "generate", lambda out, *a, **k: made.append((Path(out).name, a)))
     for kind in ("scenes", "shapes"):
         cfg = TrainConfig.from_dict({"data": {"dataset": str(tmp_path / kind / "dataset.json"),
                                               "images": str(tmp_path / kind)}})
@@ -249,11 +249,11 @@ def test_the_scenes_card_shows_the_sets_off_the_generator_beside_the_test_split_
 
 
 def test_the_generalisation_sets_are_written_beside_the_world_when_missing_or_older(tmp_path, monkeypatch):
-    from sat_core import world
+    from sat_core.worlds import writer
 
     monkeypatch.setattr(ship, "GENERALISATION_SCENES", 4)
     root = tmp_path / "data"
-    world.generate(root / "scenes", 6, 2, 4, seed=0, kind="scenes")
+    writer.generate(root / "scenes", 6, 2, 4, seed=0, kind="scenes")
     cfg = TrainConfig.from_dict({"data": {"dataset": str(root / "scenes" / "dataset.json"),
                                           "images": str(root / "scenes")}})
     shifted, suite = ship.ensure_generalisation_sets(cfg)

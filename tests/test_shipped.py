@@ -19,7 +19,7 @@ from sat_core.checkpoint import load_checkpoint
 from sat_core.data.karpathy import load_karpathy
 from sat_core.decoding import beam_search
 from sat_core.data.images import preprocess
-from sat_core.world import generate
+from sat_core.worlds.writer import generate
 from tests.golden import CHECKPOINTS, GOLDEN, golden_images, record, why_not, world_of
 
 ENTRIES = json.loads(GOLDEN.read_text())["checkpoints"]

@@ -42,7 +42,7 @@ def tiny_data(tmp_path_factory) -> tuple[Path, Path]:
 def world_data(tmp_path_factory) -> tuple[Path, Path]:
     """Six images with five varied world captions each: ~8 batches of 4 per epoch, mixed lengths."""
     root = tmp_path_factory.mktemp("world")
-    from sat_core.world import generate
+    from sat_core.worlds.writer import generate
 
     return generate(root, 6, 2, 0, seed=3, workers=1), root
 
@@ -424,12 +424,12 @@ def test_train_images_trains_on_the_first_images_and_refuses_more_than_there_are
 def test_attention_targets_put_each_linked_word_on_its_objects_cells(tmp_path):
     """q_t of a linked word lies on the cells its objects cover (share by cover, summing to 1); words
     without links are not supervised."""
-    from sat_core import world
+    from sat_core.worlds import writer
     from sat_core.config import PreprocessConfig
     from sat_core.data.karpathy import CaptionDataset, ImageStore, build_vocab, load_karpathy
     from sat_core.regions import AttentionTargets, cell_cover
     from sat_core.data.masks import rle_decode
-    path = world.generate(tmp_path / "scenes", 3, 1, 0, seed=5, workers=1, kind="scenes")
+    path = writer.generate(tmp_path / "scenes", 3, 1, 0, seed=5, workers=1, kind="scenes")
     data = load_karpathy(path, tmp_path / "scenes")
     pre = PreprocessConfig(image_size=224)
     store = ImageStore(data, pre, splits=("train",))
@@ -462,8 +462,8 @@ def _crop(record, pre):
 def test_attention_lambda_pulls_alpha_onto_the_named_objects(tmp_path, capsys):
     """--attention-lambda on a tiny scenes world: its term (the cross-entropy from the objects' cells to α)
     falls over training and is stored in the run's config; a dataset without links is refused with a message."""
-    from sat_core import world
-    data = world.generate(tmp_path / "scenes", 12, 2, 0, seed=5, workers=1, kind="scenes")
+    from sat_core.worlds import writer
+    data = writer.generate(tmp_path / "scenes", 12, 2, 0, seed=5, workers=1, kind="scenes")
     flags = ["--epochs", "6", "--lr", "1e-2", "--patience", "0", "--allow-random-encoder"]
     supervised = tmp_path / "run"
     assert train.main(train_args(data, tmp_path / "scenes", supervised, *flags, "--attention-lambda", "1")) == 0

@@ -42,7 +42,7 @@ def one_thread():
 @pytest.fixture(scope="module")
 def world_data(tmp_path_factory) -> tuple[Path, Path]:
     """Eight world images with five captions each: 20+ batches of 2 an epoch."""
-    from sat_core.world import generate
+    from sat_core.worlds.writer import generate
 
     root = tmp_path_factory.mktemp("world")
     return generate(root, 8, 2, 0, seed=11, workers=1), root

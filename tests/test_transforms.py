@@ -8,10 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from sat_core import scenes, transforms, world
+from sat_core.worlds.scenes import transforms
+from sat_core.data import masks
+from sat_core.worlds import writer
+from sat_core.worlds.scenes import layout as scenes
 from sat_core.data.karpathy import load_karpathy
-from sat_core.scenes_catalog import RELATIONS
-from sat_core.transforms import MIN_KEPT, SUITE, brightness, crop, grayscale, hflip, jpeg, zoom_out
+from sat_core.worlds.scenes.catalog import RELATIONS
+from sat_core.worlds.scenes.transforms import MIN_KEPT, SUITE, brightness, crop, grayscale, hflip, jpeg, zoom_out
 
 S = 224
 MIRROR = {"left_of": "right_of", "right_of": "left_of"}
@@ -23,7 +26,7 @@ def _object(oid: int, mask: np.ndarray, **extra) -> dict:
     bbox = [int(xs.min()), int(ys.min()), int(xs.max() - xs.min() + 1), int(ys.max() - ys.min() + 1)]
     return {"id": oid, "category": "ball", "colour": "red", "variant": "26bd", "layer": "ground", "bbox": bbox,
             "full_bbox": list(bbox), "foot": bbox[1] + bbox[3], "centroid": [float(xs.mean()), float(ys.mean())],
-            "area": int(mask.sum()), "mask": world.rle_encode(mask), **extra}
+            "area": int(mask.sum()), "mask": masks.rle_encode(mask), **extra}
 
 
 def _red_square(x0: int, y0: int, side: int) -> tuple[np.ndarray, list[dict]]:
@@ -47,7 +50,7 @@ def _iou(a: np.ndarray, b: np.ndarray) -> float:
 
 def _check_record(o: dict) -> np.ndarray:
     """The record's bbox, centroid and area are those of its mask; returns the mask."""
-    mask = world.rle_decode(o["mask"])
+    mask = masks.rle_decode(o["mask"])
     ys, xs = np.nonzero(mask)
     assert mask.shape == (S, S) and o["area"] == mask.sum()
     assert o["bbox"] == [xs.min(), ys.min(), xs.max() - xs.min() + 1, ys.max() - ys.min() + 1]
@@ -135,12 +138,12 @@ def test_mirrored_scene_states_mirrored_relations(seed):
                 assert scenes.relation_holds(mirrored, flipped[a], flipped[b], strict=strict) == \
                     scenes.relation_holds(relation, objects[a], objects[b], strict=strict), (relation, strict)
     for o, f in zip(objects, flipped):
-        assert (world.rle_decode(f["mask"]) == world.rle_decode(o["mask"])[:, ::-1]).all()
+        assert (masks.rle_decode(f["mask"]) == masks.rle_decode(o["mask"])[:, ::-1]).all()
         assert f["foot"] == o["foot"] and f["layer"] == o["layer"]
 
 
 def test_write_suite_writes_every_set_as_a_dataset(tmp_path):
-    path = world.generate(tmp_path / "scenes", 0, 0, 8, seed=4, workers=1, kind="scenes")
+    path = writer.generate(tmp_path / "scenes", 0, 0, 8, seed=4, workers=1, kind="scenes")
     paths = transforms.write_suite(path, path.parent, tmp_path / "suite")
     assert sorted(p.parent.name for p in (tmp_path / "suite").glob("*/dataset.json")) == sorted(transforms.NAMES)
     source = json.loads(path.read_text())["images"]
@@ -153,7 +156,7 @@ def test_write_suite_writes_every_set_as_a_dataset(tmp_path):
             ids = {o["id"] for o in entry["objects"]}
             for s in entry["sentences"]:  # references name only the objects the set still holds
                 assert {i for _, linked in s["links"] for i in linked} <= ids
-            assert all(world.rle_decode(o["mask"]).shape == (S, S) for o in entry["objects"])
+            assert all(masks.rle_decode(o["mask"]).shape == (S, S) for o in entry["objects"])
     flipped = json.loads(paths["hflip"].read_text())["images"]
     for src, f in zip(source, flipped):
         refs = transforms.references(f["objects"], f["place"], seed=4, imgid=f["imgid"],

@@ -7,8 +7,13 @@ import pytest
 from PIL import Image
 
 from sat_core import world
+from sat_core.data import masks
+from sat_core.worlds import references
+from sat_core.worlds import writer
+from sat_core.worlds.shapes import captions as shape_captions
+from sat_core.worlds.shapes import scene as shapes
 from sat_core.errors import SatError
-from sat_core.grounding import parse_caption
+from sat_core.worlds.shapes.grounding import parse_caption
 
 SPLIT_SIZES = (30, 10, 10)
 
@@ -20,7 +25,7 @@ def runs(tmp_path_factory):
     for name, seed, workers, sizes in [("a", 7, 2, SPLIT_SIZES), ("b", 7, 1, SPLIT_SIZES),
                                        ("c", 8, 2, (6, 2, 2))]:
         root = tmp_path_factory.mktemp(name)
-        out[name] = (root, world.generate(root, *sizes, seed=seed, workers=workers))
+        out[name] = (root, writer.generate(root, *sizes, seed=seed, workers=workers))
     return out
 
 
@@ -50,7 +55,7 @@ def test_karpathy_format_and_image_files(runs, data):
     root = runs["a"][0]
     assert data["dataset"] == "sat_world" and data["seed"] == 7 and data["image_size"] == 112
     images = data["images"]
-    assert [sum(im["split"] == s for im in images) for s in world.SPLITS] == list(SPLIT_SIZES)
+    assert [sum(im["split"] == s for im in images) for s in writer.SPLITS] == list(SPLIT_SIZES)
     assert [im["imgid"] for im in images] == list(range(len(images)))
     sentids = [s["sentid"] for im in images for s in im["sentences"]]
     assert len(set(sentids)) == len(sentids) == 5 * len(images)
@@ -66,7 +71,7 @@ def test_captions_are_short_lowercase_and_name_every_object(data):
     for im in data["images"]:
         ids = {o["id"] for o in im["objects"]}
         for s in im["sentences"]:
-            assert 1 <= len(s["tokens"]) <= world.MAX_CAPTION_TOKENS
+            assert 1 <= len(s["tokens"]) <= references.MAX_CAPTION_TOKENS
             assert all(t.isalpha() and t.islower() for t in s["tokens"])
             named = {i for _, oids in s["links"] for i in oids}
             assert named == ids, s["raw"]
@@ -80,18 +85,18 @@ def test_linked_words_match_their_objects(data):
         for s in im["sentences"]:
             for ti, oids in s["links"]:
                 word, linked = s["tokens"][ti], [objs[i] for i in oids]
-                if word in world.SHAPE_WORDS:
-                    shape, plural = world.SHAPE_WORDS[word]
+                if word in shapes.SHAPE_WORDS:
+                    shape, plural = shapes.SHAPE_WORDS[word]
                     assert all(o["shape"] == shape for o in linked) and plural == (len(oids) > 1)
                     kind = "shape"
-                elif word in world.COLOURS:
+                elif word in shapes.COLOURS:
                     assert all(o["colour"] == word for o in linked)
                     kind = "colour"
-                elif word in world.SIZE_WORDS:
-                    assert all(o["size"] == world.SIZE_WORDS[word] for o in linked)
+                elif word in shapes.SIZE_WORDS:
+                    assert all(o["size"] == shapes.SIZE_WORDS[word] for o in linked)
                     kind = "size"
                 else:
-                    assert world.COUNT_WORDS[word] == len(oids), s["raw"]
+                    assert shapes.COUNT_WORDS[word] == len(oids), s["raw"]
                     kind = "count"
                 checked[kind] += 1
             # a linked group is exactly the scene's identical objects: counts are complete
@@ -114,7 +119,7 @@ def test_reference_relations_are_true_with_margin(data):
                 a = links[parsed.mentions[r.a].tokens[-1]]
                 b = links[parsed.mentions[r.b].tokens[-1]]
                 for i in a:
-                    for j in b:  # recomputed here, not with world.relation_holds
+                    for j in b:  # recomputed here, not with shapes.relation_holds
                         (xa, ya), (xb, yb) = objs[i]["centroid"], objs[j]["centroid"]
                         along, across = {"left_of": (xb - xa, yb - ya), "right_of": (xa - xb, yb - ya),
                                          "above": (yb - ya, xb - xa), "below": (ya - yb, xb - xa)}[r.relation]
@@ -128,8 +133,8 @@ def test_size_is_stated_when_colour_and_shape_do_not_tell_objects_apart():
                {"id": 1, "shape": "circle", "colour": "red", "size": "small", "centroid": [90, 90]},
                {"id": 2, "shape": "star", "colour": "blue", "size": "small", "centroid": [20, 90]}]
     for seed in range(10):
-        for s in world.describe(objects, np.random.default_rng(seed)):
-            sized = {ids[0] for t, ids in s["links"] if s["tokens"][t] in world.SIZE_WORDS}
+        for s in shape_captions.describe(objects, np.random.default_rng(seed)):
+            sized = {ids[0] for t, ids in s["links"] if s["tokens"][t] in shapes.SIZE_WORDS}
             assert {0, 1} <= sized, s["raw"]
 
 
@@ -137,7 +142,7 @@ def test_masks_decode_to_their_area_bbox_and_centroid(data):
     for im in data["images"]:
         union = np.zeros((112, 112), int)
         for o in im["objects"]:
-            m = world.rle_decode(o["mask"])
+            m = masks.rle_decode(o["mask"])
             assert m.shape == (112, 112) and m.sum() == o["area"] > 0
             ys, xs = np.nonzero(m)
             x, y, w, h = o["bbox"]
@@ -150,22 +155,22 @@ def test_masks_decode_to_their_area_bbox_and_centroid(data):
 def test_rle_round_trip_and_bad_rle():
     rng = np.random.default_rng(0)
     for mask in [np.zeros((4, 6), bool), np.ones((4, 6), bool), rng.random((9, 7)) > 0.5]:
-        rle = world.rle_encode(mask)
+        rle = masks.rle_encode(mask)
         assert rle["size"] == list(mask.shape) and sum(rle["counts"]) == mask.size
-        assert np.array_equal(world.rle_decode(rle), mask)
-    assert world.rle_encode(np.array([[True, True, False]]))["counts"] == [0, 2, 1]
+        assert np.array_equal(masks.rle_decode(rle), mask)
+    assert masks.rle_encode(np.array([[True, True, False]]))["counts"] == [0, 2, 1]
     with pytest.raises(SatError):
-        world.rle_decode({"size": [2, 2], "counts": [1, 2]})
+        masks.rle_decode({"size": [2, 2], "counts": [1, 2]})
 
 
 def test_scenes_render_objects_on_their_masks_over_a_dull_background():
     for seed in range(20):
-        scene = world.generate_scene(np.random.default_rng(seed))
-        img = world.render(scene).astype(float)
+        scene = shapes.generate_scene(np.random.default_rng(seed))
+        img = shapes.render(scene).astype(float)
         assert img.shape == (112, 112, 3)
-        assert np.array_equal(world.render(scene), world.render(scene))
+        assert np.array_equal(shapes.render(scene), shapes.render(scene))
         for obj in scene.objects:
-            assert obj.mask.sum() >= world.MIN_VISIBLE * obj.full_mask.sum()
+            assert obj.mask.sum() >= shapes.MIN_VISIBLE * obj.full_mask.sum()
             assert not (obj.mask & ~obj.full_mask).any()
             r_lo, r_hi = {"small": (8, 10), "big": (14, 17)}[obj.size]
             assert r_lo <= obj.radius <= r_hi
@@ -177,9 +182,9 @@ def test_scenes_render_objects_on_their_masks_over_a_dull_background():
 
 
 def test_shape_and_colour_vocabulary_sizes():
-    assert len(world.SHAPES) >= 6 and len(world.COLOURS) >= 6
-    names = list(world.COLOURS)
-    rgb = np.array([world.COLOURS[c] for c in names], float)
+    assert len(shapes.SHAPES) >= 6 and len(shapes.COLOURS) >= 6
+    names = list(shapes.COLOURS)
+    rgb = np.array([shapes.COLOURS[c] for c in names], float)
     dist = np.linalg.norm(rgb[:, None] - rgb[None], axis=2) + np.eye(len(names)) * 1e9
     assert dist.min() > 80  # well separated colours
 
@@ -204,7 +209,7 @@ def test_unwritable_output_raises_clear_error(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     with pytest.raises(SatError, match="--out"):
-        world.generate(blocker / "data", 1, 0, 0, seed=0, workers=1)
+        writer.generate(blocker / "data", 1, 0, 0, seed=0, workers=1)
     with pytest.raises(SystemExit) as err:
         world.main(["--out", str(blocker / "data"), "--train", "1"])
     assert err.value.code == 2 and "writable" in capsys.readouterr().err

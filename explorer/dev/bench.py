@@ -49,7 +49,7 @@ def default_images() -> dict[str, bytes]:
     from PIL import Image
     from skimage import data
 
-    from sat_core.world import generate
+    from sat_core.worlds.writer import generate
 
     with tempfile.TemporaryDirectory() as tmp:
         generate(tmp, 0, 0, 1, seed=0, workers=1)

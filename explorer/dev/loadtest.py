@@ -74,7 +74,7 @@ def make_images(n: int, seed: int = 0) -> list[Upload]:
     from PIL import Image
     from skimage import data as skdata
 
-    from sat_core.world import generate_scene, render
+    from sat_core.worlds.shapes.scene import generate_scene, render
 
     out = []
     for k in range(n):

@@ -17,7 +17,7 @@ import pytest
 from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint, save_checkpoint
 from sat_core.config import PreprocessConfig
 from sat_core.data.vocab import Vocab
-from sat_core.world import generate
+from sat_core.worlds.writer import generate
 
 from explorer.dev.browser import VIEWPORT, AppServer, find_chromium, launch_chromium, wait_for_text
 from explorer.settings import REPO_ROOT

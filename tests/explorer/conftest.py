@@ -19,7 +19,7 @@ from sat_core.checkpoint import load_checkpoint, save_checkpoint
 from sat_core.config import ModelConfig, OptimConfig, PreprocessConfig, TrainConfig
 from sat_core.models.captioner import Captioner
 from sat_core.data.vocab import Vocab
-from sat_core.world import generate
+from sat_core.worlds.writer import generate
 
 APP = str(Path(__file__).resolve().parents[2] / "explorer" / "app.py")
 N_TEST, N_TRAIN = 10, 40  # enough training-like scenes for the domain reference

@@ -1,8 +1,7 @@
 """Check a caption against a scenes-world scene: categories, colours, counts, relations and the place.
 
-The scenes counterpart of ``grounding.ground`` (which dispatches here when the objects carry a
-``category``). ``parse`` reads mentions ``[count] [colour] noun`` (vocabulary from
-``scenes_catalog``), relations between adjacent mentions (participles such as "standing" may sit
+The scenes counterpart of ``worlds.shapes.grounding``. ``parse`` reads mentions ``[count] [colour] noun``
+(vocabulary from ``catalog``), relations between adjacent mentions (participles such as "standing" may sit
 between a mention and its relation) and place words; ``ground`` matches mentions to objects
 one-to-one and scores them.
 """
@@ -14,13 +13,30 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from sat_core.grounding import Relation, phrase_at
-from sat_core.scenes import relation_holds
-from sat_core.scenes_catalog import COLOURS, COUNT_WORDS, NOUNS, PARTICIPLES, PLACE_WORDS, RELATION_PHRASES
+from sat_core.worlds.phrases import Relation, phrase_at
+from sat_core.worlds.scenes.catalog import (
+    COLOURS, COUNT_WORDS, NOUNS, PARTICIPLES, PLACE_WORDS, RELATION_PHRASES, RELATION_WORDS,
+)
+from sat_core.worlds.scenes.layout import relation_holds
 
 ERROR_LABELS = ("wrong_category", "wrong_colour", "wrong_count", "wrong_relation", "wrong_place",
                 "missed_object", "hallucinated_object")
 _MAX_PHRASE = max(len(p) for p in RELATION_PHRASES)
+
+
+def word_kind(token: str) -> str | None:
+    """'category' | 'colour' | 'count' | 'relation' | 'place' for this world's words; None for any other."""
+    if token in NOUNS:
+        return "category"
+    if token in COLOURS:
+        return "colour"
+    if token in COUNT_WORDS:
+        return "count"
+    if token in RELATION_WORDS:
+        return "relation"
+    if token in PLACE_WORDS:
+        return "place"
+    return None
 
 
 @dataclass
@@ -183,7 +199,7 @@ def _mean(flags: list[bool]) -> float | None:
 
 
 def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | None = None) -> SceneGrounding:
-    """Match a caption's mentions to the scene's objects (records of ``scenes.layout_objects``)
+    """Match a caption's mentions to the scene's objects (records of ``layout.layout_objects``)
     and score categories, colours, counts, relations (leniently) and the place."""
     parsed = parse(tokens)
     mentions = parsed.mentions

@@ -1,48 +1,39 @@
-"""Check a caption against the scene it describes, and attention maps against object masks.
+"""Check a caption against a shapes-world scene: shapes, colours, sizes, counts and relations.
 
-``parse_caption`` reads the sat_world grammar (vocabulary from sat_core.world) out of any token
-list, ``ground`` matches its mentions to the scene's objects and scores them, and
-``attention_correctness`` measures how much of an α map falls on an object's mask.
+``parse_caption`` reads the world's grammar (vocabulary from ``scene``) out of any token list, ``ground``
+matches its mentions to the scene's objects one-to-one and scores them.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from sat_core.world import (
-    COLOURS, COUNT_WORDS, RELATION_PHRASES, RELATION_WORDS, SHAPE_WORDS, SIZE_WORDS,
-    relation_holds,
+from sat_core.worlds.phrases import Relation, phrase_at
+from sat_core.worlds.shapes.scene import (
+    COLOURS, COUNT_WORDS, RELATION_PHRASES, RELATION_WORDS, SHAPE_WORDS, SIZE_WORDS, relation_holds,
 )
 
-ERROR_LABELS = ("wrong_colour", "wrong_shape", "wrong_size", "missed_object",
-                "hallucinated_object", "wrong_relation", "wrong_count",
-                "wrong_category", "wrong_place")  # the last two: scenes world (scenes_grounding)
+ERROR_LABELS = ("wrong_colour", "wrong_shape", "wrong_size", "missed_object", "hallucinated_object",
+                "wrong_relation", "wrong_count")
 _MAX_PHRASE = max(len(p) for p in RELATION_PHRASES)
 
 
-def word_kind(token: str) -> str:
-    """'shape' | 'category' | 'colour' | 'size' | 'count' | 'relation' | 'place' | 'function'
-    (shape and size: shapes world; category and place: scenes world)."""
-    from sat_core import scenes_catalog as sc
-
+def word_kind(token: str) -> str | None:
+    """'shape' | 'colour' | 'size' | 'count' | 'relation' for this world's words; None for any other."""
     if token in SHAPE_WORDS:
         return "shape"
-    if token in sc.NOUNS:
-        return "category"
-    if token in COLOURS or token in sc.COLOURS:
+    if token in COLOURS:
         return "colour"
     if token in SIZE_WORDS:
         return "size"
     if token in COUNT_WORDS:
         return "count"
-    if token in RELATION_WORDS or token in sc.RELATION_WORDS:
+    if token in RELATION_WORDS:
         return "relation"
-    if token in sc.PLACE_WORDS:
-        return "place"
-    return "function"
+    return None
 
 
 @dataclass
@@ -57,29 +48,9 @@ class Mention:
 
 
 @dataclass
-class Relation:
-    """Mention a stands in `relation` to mention b ('a left_of b')."""
-
-    a: int
-    relation: str
-    b: int
-    tokens: list[int]
-
-
-@dataclass
 class Parsed:
     mentions: list[Mention] = field(default_factory=list)
     relations: list[Relation] = field(default_factory=list)
-
-
-def phrase_at(tokens: Sequence[str], i: int, phrases: dict[tuple[str, ...], str],
-              longest: int) -> tuple[str, int] | None:
-    """The longest of ``phrases`` (word tuple -> relation) starting at i, as (relation, length)."""
-    for n in range(min(longest, len(tokens) - i), 0, -1):
-        rel = phrases.get(tuple(tokens[i:i + n]))
-        if rel:
-            return rel, n
-    return None
 
 
 def parse_caption(tokens: Sequence[Any]) -> Parsed:
@@ -218,10 +189,9 @@ def _count_items(mentions: list[Mention], matches: list[list[int]],
     return items
 
 
-def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | None = None) -> Any:
+def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | None = None) -> Grounding:
     """Match a caption's mentions to scene objects (dicts with id, shape, colour, size, centroid)
-    and score it. Objects of the scenes world (with a ``category``) are grounded by
-    ``scenes_grounding.ground`` (which also checks the ``place``) and give a SceneGrounding.
+    and score it (``place``: the scenes world's; this world has none).
 
     Matching is one-to-one and a mention of count n takes up to n objects: first objects with all
     stated attributes, then ones with the right shape and colour but the wrong size, then, for
@@ -230,12 +200,8 @@ def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | No
     wrong_size. Colour / shape / size accuracy are over all matched (mention, object) pairs, so a
     partial match with the right shape and the wrong colour is a colour error, not a hallucination.
     A mention matching nothing is hallucinated, an object matched by nothing is missed. Relations
-    are judged leniently (see world.relation_holds) for every pair of matched objects.
+    are judged leniently (see ``scene.relation_holds``) for every pair of matched objects.
     """
-    if any("category" in o for o in objects):
-        from sat_core import scenes_grounding
-
-        return scenes_grounding.ground(tokens, objects, place)
     parsed = parse_caption(tokens)
     mentions = parsed.mentions
     matches = _match(mentions, objects)
@@ -269,87 +235,3 @@ def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | No
         errors={k: v for k, v in errors.items() if v},
         token_objects={t: sorted(ids) for m, ids in zip(mentions, matches) for t in m.tokens},
     )
-
-
-_SCORES = ("precision", "recall", "colour_accuracy", "shape_accuracy", "size_accuracy",
-           "count_accuracy", "relation_accuracy", "category_accuracy", "place_accuracy")
-
-
-def aggregate(groundings: Iterable[Any]) -> dict[str, float]:
-    """Dataset means: each score over the captions where it is defined (key absent if none),
-    'relations_stated' = share of captions stating a relation, '<label>_rate' = share of captions
-    with that error, 'n' = number of captions."""
-    rows = [g if isinstance(g, dict) else g.to_dict() for g in groundings]
-    out: dict[str, float] = {"n": len(rows)}
-    for key in _SCORES:
-        values = [r[key] for r in rows if r.get(key) is not None]
-        if values:
-            out[key] = float(np.mean(values))
-    if rows:  # the share of captions that state at least one relation (accuracy counts only those)
-        out["relations_stated"] = float(np.mean([bool(r["parsed"]["relations"]) for r in rows]))
-    for label in ERROR_LABELS:
-        flags = [bool(r["errors"].get(label)) for r in rows]
-        out[f"{label}_rate"] = float(np.mean(flags)) if flags else 0.0
-    return out
-
-
-def attention_correctness(alpha_grid: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
-    """(share of α inside the mask, uniform baseline = mask area / image area).
-
-    Each cell's α is spread evenly over its pixels (no smoothing), so the share is
-    Σ_cells α_c · (mask pixels in c / pixels in c) / Σ α. H and W must be multiples of gh and gw;
-    α need not sum to 1.
-    """
-    alpha = np.asarray(alpha_grid, dtype=np.float64)
-    mask = np.asarray(mask, dtype=bool)
-    if alpha.ndim != 2 or mask.ndim != 2:
-        raise ValueError(
-            f"Expected α (gh, gw) and mask (H, W); got {alpha.shape} and {mask.shape}.")
-    gh, gw = alpha.shape
-    if (alpha < 0).any() or not np.isfinite(alpha).all() or alpha.sum() <= 0:
-        raise ValueError("α must be finite, non-negative and not all zero.")
-    inside = float(np.sum(alpha * _coverage(mask, gh, gw)) / np.sum(alpha))
-    return inside, float(mask.mean())
-
-
-def attention_elsewhere(alpha_grid: np.ndarray, mask: np.ndarray, others: np.ndarray) -> tuple[float, float]:
-    """Where α went that is not on the named object: (share on the scene's other objects, share on the background
-    beside it — cells within one cell of a cell the object touches, in the part of them no object covers). The
-    rest of α, 1 − correctness − these two, lies on background farther away. ``others``: the other objects'
-    masks together (H, W), pixels of the named object's mask not counted; α as in ``attention_correctness``."""
-    alpha = np.asarray(alpha_grid, dtype=np.float64)
-    gh, gw = alpha.shape
-    named = _coverage(np.asarray(mask, dtype=bool), gh, gw)
-    other = _coverage(np.asarray(others, dtype=bool) & ~np.asarray(mask, dtype=bool), gh, gw)
-    touched = np.pad(named > 0, 1)  # (gh + 2, gw + 2)
-    near = np.zeros((gh, gw), dtype=bool)
-    for dy in range(3):
-        for dx in range(3):
-            near |= touched[dy : dy + gh, dx : dx + gw]  # the 3×3 neighbourhood of each touched cell
-    background = np.clip(1.0 - named - other, 0.0, 1.0)
-    total = alpha.sum()
-    return float(np.sum(alpha * other) / total), float(np.sum(alpha * near * background) / total)
-
-
-def attention_ceiling(grid: tuple[int, int], mask: np.ndarray) -> float:
-    """The most attention correctness any α on a (gh, gw) grid can reach for this mask: all of α on the
-    cell the mask covers most. Below 1 where the object fills no cell whole (a small or thin object)."""
-    return float(_coverage(np.asarray(mask, dtype=bool), *grid).max())
-
-
-def mask_entropy(grid: tuple[int, int], mask: np.ndarray) -> float | None:
-    """The entropy in nats of α spread over the object as its mask covers the (gh, gw) cells (Liu et al.'s
-    target for supervised attention): what α fitting the mask exactly would have; None for an empty mask."""
-    cover = _coverage(np.asarray(mask, dtype=bool), *grid).ravel()
-    if cover.sum() == 0:
-        return None
-    q = cover[cover > 0] / cover.sum()
-    return float(-(q * np.log(q)).sum())
-
-
-def _coverage(mask: np.ndarray, gh: int, gw: int) -> np.ndarray:
-    """Share of each grid cell's pixels inside the mask, (gh, gw); the mask must tile into the grid."""
-    h, w = mask.shape
-    if h % gh or w % gw:
-        raise ValueError(f"Mask {h}x{w} does not tile into the {gh}x{gw} attention grid.")
-    return mask.reshape(gh, h // gh, gw, w // gw).mean(axis=(1, 3))

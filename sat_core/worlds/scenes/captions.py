@@ -3,12 +3,12 @@
 "a brown dog sitting next to a red car on the road", "two sheep in front of a house in a field",
 "there is a kite above a person on the beach". A caption names every group of identical objects
 (same category and colour) once, with its count; pairs of groups are joined by a relation when one
-holds clearly (``scenes.relation_holds(strict=True)``); most captions end with the place. The groups
+holds clearly (``layout.relation_holds(strict=True)``); most captions end with the place. The groups
 come the largest first and equal ones left to right (``caption_order="largest_first"``, the shipped
 world: "two trucks and an umbrella", so the first count word says how many the largest group holds, not
 how many the leftmost one does), all left to right (``"left_to_right"``: by their leftmost member), so in
 both "left of" is the one horizontal relation stated, or in random order (``"random"``).
-Each count word, colour and noun is linked to the ids of the objects it names (world.py's ``links``).
+Each count word, colour and noun is linked to the ids of the objects it names (``references``' ``links``).
 """
 
 from __future__ import annotations
@@ -17,14 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from sat_core.scenes import relation_holds
-from sat_core.scenes_catalog import (
+from sat_core.worlds.references import CAPTIONS_PER_IMAGE, MAX_CAPTION_TOKENS, Token, caption_records
+from sat_core.worlds.scenes.catalog import (
     ACTIONS, CATEGORIES, CONVERSE, NUMBER_WORDS, PLACES, RELATION_PHRASES, RELATION_WORDS, RELATIONS,
 )
-from sat_core.world import caption_records
+from sat_core.worlds.scenes.layout import relation_holds
 
-CAPTIONS_PER_IMAGE = 5
-MAX_CAPTION_TOKENS = 22
 RELATION_P = 0.85  # try to join two groups by a relation (when one holds clearly)
 PLACE_P = 0.8  # end the caption with the place
 _OPENERS = ((), ("there", "is"), ("a", "photo", "of"), ("a", "picture", "of"), ("we", "can", "see"))
@@ -32,9 +30,6 @@ _OPENER_P = (0.5, 0.15, 0.12, 0.1, 0.13)
 # Relations other than left/right say more about the scene: prefer them when several hold.
 _RELATION_WEIGHT = {"left_of": 1.0, "right_of": 1.0, "in_front_of": 2.0, "behind": 2.0,
                     "above": 2.5, "below": 1.5, "next_to": 2.0}
-
-Token = tuple[str, list[int] | None]  # word and the object ids it names
-
 
 def groups(objects: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Objects grouped by (category, colour), in first-appearance order."""

@@ -7,7 +7,7 @@ one random lighting (exposure, colour cast, a side light, vignette) to a finishe
 
 Every surface comes in named styles (``GROUND_STYLES``, ``SKY_STYLES``, ``WALL_STYLES``). The styles of
 ``HELD_OUT`` are never drawn for the training, validation and test splits: they make the shifted split
-(``sat_core.scenes``), on which generalisation is measured.
+(``layout``), on which generalisation is measured.
 """
 
 from __future__ import annotations

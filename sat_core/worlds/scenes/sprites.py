@@ -3,11 +3,11 @@
 Rebuild the vendored subset from the npm tarball (needs npm once; generating the world never does):
 
     cd /tmp && npm pack @lobehub/fluent-emoji-3d@1.1.0
-    python -m sat_core.scenes_assets --tarball /tmp/lobehub-fluent-emoji-3d-1.1.0.tgz
+    python -m sat_core.worlds.scenes.sprites --tarball /tmp/lobehub-fluent-emoji-3d-1.1.0.tgz
 
 Each sprite is cut to its alpha bounding box, downscaled so its longest side is at most
 ``SPRITE_SIZE`` px and stored as lossless WebP (alpha kept exactly: it is the object mask).
-Licence and attribution: ``sat_core/assets/fluent_emoji/LICENSE`` and ``README.md``.
+Licence and attribution: ``sat_core/worlds/scenes/assets/fluent_emoji/LICENSE`` and ``README.md``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from sat_core.errors import DatasetError
-from sat_core.scenes_catalog import HUES, all_codes
+from sat_core.worlds.scenes.catalog import HUES, all_codes
 
 ASSET_DIR = Path(__file__).resolve().parent / "assets" / "fluent_emoji"
 SPRITE_SIZE = 160  # px, longest side: the largest object drawn at 224 px is about this big
@@ -57,7 +57,7 @@ def sprite(code: str, colour: str | None = None) -> np.ndarray:
     path = ASSET_DIR / f"{code}.webp"
     if not path.is_file():
         raise DatasetError(f"The scenes world's image {path} is missing; rebuild the vendored assets "
-                           "with python -m sat_core.scenes_assets --tarball <npm tarball>.")
+                           "with python -m sat_core.worlds.scenes.sprites --tarball <npm tarball>.")
     with Image.open(path) as image:
         rgba = np.asarray(image.convert("RGBA")).copy()
     if colour is not None:
@@ -78,7 +78,7 @@ def _recolour(rgba: np.ndarray, hue: int) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sat_core.scenes_assets", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m sat_core.worlds.scenes.sprites", description=__doc__.split("\n")[0])
     p.add_argument("--tarball", required=True, help=f"the tarball of `npm pack {PACKAGE}@{VERSION}`")
     p.add_argument("--out", default=str(ASSET_DIR))
     args = p.parse_args(argv)

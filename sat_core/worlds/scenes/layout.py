@@ -1,18 +1,18 @@
-"""The scenes world: everyday objects (Fluent Emoji 3D sprites) in places, with grounded captions.
+"""Scenes of the scenes world: where 1–4 everyday objects stand in a place, and the picture of it.
 
     python -m sat_core.world --kind scenes --out data/scenes --train 8000 --val 500 --test 500 --seed 0
 
-A 224×224 image shows 1–4 objects of the categories in ``scenes_catalog`` on a procedural place
-(grass, beach, road, snow, water, room, table, sky; ``scenes_render``), each surface in one of its
+A 224×224 image shows 1–4 objects of the categories in ``catalog`` on a procedural place
+(grass, beach, road, snow, water, room, table, sky; ``render``), each surface in one of its
 styles. Objects vary in scale and may be cut by the image's left or right border.
 
 The *shifted* split (``generate_layout(rng, shifted=True)``) draws only the styles that the other splits
-never draw (``scenes_render.HELD_OUT``) and horizons outside their range (``HORIZONS``): a set for
+never draw (``render.HELD_OUT``) and horizons outside their range (``HORIZONS``): a set for
 measuring how a model holds up beyond the scenes it was trained and selected on. Things standing on the
 ground follow perspective (further up = further away = smaller), are drawn far to near so near
 ones occlude far ones, and cast a soft shadow; flying things are drawn in the sky. Each object's
 mask is its sprite's alpha (>= 50 %) where no later object covers it. Captions come from
-``scenes_captions``. The dataset.json schema is the shapes world's (see ``sat_core.world``), with
+``captions``. The dataset.json schema is the shapes world's (see ``sat_core.worlds.writer``), with
 per-object ``category``, ``colour`` (or null), ``variant``, ``layer`` (ground | air), ``foot`` and
 ``full_bbox`` in place of shape/size, and a per-image ``place``.
 """
@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from sat_core.scenes_assets import sprite
-from sat_core.scenes_catalog import CATEGORIES, PLACE_P, Category
-from sat_core.scenes_render import SIZE, background, light, shadow, styles_for
+from sat_core.data.masks import rle_encode
+from sat_core.worlds.scenes.catalog import CATEGORIES, PLACE_P, Category
+from sat_core.worlds.scenes.render import SIZE, background, light, shadow, styles_for
+from sat_core.worlds.scenes.sprites import sprite
 
 IMAGE_SIZE = SIZE
 MIN_VISIBLE = 0.55  # an occluded object keeps at least this share of its pixels
@@ -206,10 +207,8 @@ def _bbox(mask: np.ndarray) -> list[int]:
 
 
 def layout_objects(layout: SceneLayout) -> list[dict[str, Any]]:
-    """JSON records of the objects (world.py's schema, scenes fields): bbox/centroid/area/mask of
+    """JSON records of the objects (the shapes world's schema, scenes fields): bbox/centroid/area/mask of
     the visible part; full_bbox and foot (bottom row) of the whole sprite for relations."""
-    from sat_core.data.masks import rle_encode
-
     out = []
     for oid, t in enumerate(layout.things):
         ys, xs = np.nonzero(t.mask)
@@ -260,7 +259,7 @@ def relation_holds(relation: str, a: dict[str, Any], b: dict[str, Any], *, stric
 # ---- training-time variety of the picture itself ----
 
 # How often a training scene is degraded, and how: (name, probability). The ranges differ from the
-# transformation suite's fixed settings (sat_core.transforms) so that the suite stays a measurement.
+# transformation suite's fixed settings (``transforms``) so that the suite stays a measurement.
 PHOTOMETRIC = (("jpeg", 0.10), ("grayscale", 0.07), ("blur", 0.08), ("dark", 0.06), ("bright", 0.04))
 
 

@@ -1,8 +1,8 @@
 """What the scenes world holds: object categories, their image variants, places, and the words for them.
 
-The one source of vocabulary for ``sat_core.scenes`` (drawing and captions) and
-``sat_core.scenes_grounding`` (reading captions back). Object images are Microsoft's Fluent Emoji
-(3D style), vendored under ``sat_core/assets/fluent_emoji`` by ``python -m sat_core.scenes_assets``.
+The one source of vocabulary for ``layout`` and ``captions`` (drawing and describing) and ``grounding``
+(reading captions back). Object images are Microsoft's Fluent Emoji (3D style), vendored under
+``sat_core/worlds/scenes/assets/fluent_emoji`` by ``python -m sat_core.worlds.scenes.sprites``.
 """
 
 from __future__ import annotations
@@ -146,34 +146,5 @@ ACTIONS: dict[str, tuple[str, ...]] = {
 
 
 def all_codes() -> list[str]:
-    """Every emoji code point the world draws, sorted (what scenes_assets vendors)."""
+    """Every emoji code point the world draws, sorted (what ``sprites`` vendors)."""
     return sorted({v.code for c in CATEGORIES.values() for v in c.variants})
-
-
-COUNTED = sorted(CATEGORIES)  # the categories a count head predicts, in this order
-
-
-def category_counts(objects: list[dict]) -> list[int]:
-    """How many objects of each of ``COUNTED`` a scene holds, 4 for four or more: a count head's targets."""
-    counts = [0] * len(COUNTED)
-    for o in objects:
-        counts[COUNTED.index(o["category"])] += 1
-    return [min(n, 4) for n in counts]
-
-
-def _colours(category: Category) -> list[str]:
-    return sorted({v.colour for v in category.variants if v.colour} | {c for v in category.variants for c in v.recolour})
-
-
-# The (category, colour) pairs of the categories that come in several colours (red, blue and yellow cars),
-# in this order: what a count head with ``ModelConfig.count_colours`` also predicts.
-COLOUR_PAIRS = [(c, colour) for c in COUNTED for colour in _colours(CATEGORIES[c]) if len(_colours(CATEGORIES[c])) > 1]
-
-
-def colour_counts(objects: list[dict]) -> list[int]:
-    """How many objects of each of ``COLOUR_PAIRS`` a scene holds, 4 for four or more."""
-    counts = [0] * len(COLOUR_PAIRS)
-    for o in objects:
-        if (o["category"], o.get("colour")) in COLOUR_PAIRS:
-            counts[COLOUR_PAIRS.index((o["category"], o["colour"]))] += 1
-    return [min(n, 4) for n in counts]
