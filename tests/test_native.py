@@ -13,7 +13,8 @@ import torch
 
 from sat_core import native
 from sat_core.config import DecodeConfig
-from sat_core.decoding import _top_log_probs, beam_search
+from sat_core.decoding import beam_search
+from sat_core.decoding.steps import top_log_probs as _top_log_probs
 from sat_core.models.attention_fast import _scores
 from sat_core.models.captioner import Captioner
 from tests.conftest import tiny_config

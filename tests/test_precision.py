@@ -238,6 +238,7 @@ def test_cuda_bf16_training_step_and_decode(vocab, attention):
 
 def test_near_ties_are_ranked_by_their_fp32_scores(vocab):
     from sat_core import decoding
+    from sat_core.decoding import beam
 
     model = _peaked_model(vocab)
     feats = decoding.encode_images(model, _images(2), precision="fp32")
@@ -251,7 +252,7 @@ def test_near_ties_are_ranked_by_their_fp32_scores(vocab):
         results.append([dataclasses.replace(b, score=a.score + 1e-4, logprob=0.0),
                         dataclasses.replace(a, logprob=0.0),
                         dataclasses.replace(c, score=c.score - 1.0, logprob=-99.0)])
-    decoding._settle_ties_in_fp32(model, vocab, feats.feats, results, cfg, None)
+    beam._settle_ties_in_fp32(model, vocab, feats.feats, results, cfg, None)
     for got, want in zip(results, exact):
         assert [h.tokens for h in got] == [h.tokens for h in want]
         assert [h.logprob for h in got[:2]] == pytest.approx([h.logprob for h in want[:2]], abs=1e-5)
@@ -264,10 +265,10 @@ def test_near_ties_are_ranked_by_their_fp32_scores(vocab):
     ("bf16", 0.005, "sample", False),
 ])
 def test_ties_are_settled_only_for_bf16_searches(vocab, monkeypatch, precision, ties, hard_mode, settled):
-    from sat_core import decoding
+    from sat_core.decoding import beam
 
     calls = []
-    monkeypatch.setattr(decoding, "_settle_ties_in_fp32", lambda *args: calls.append(args))
+    monkeypatch.setattr(beam, "_settle_ties_in_fp32", lambda *args: calls.append(args))
     model = _peaked_model(vocab, attention="hard")
     cfg = DecodeConfig(beam_size=3, precision=precision, fp32_ties=ties, hard_mode=hard_mode)
     beam_search(model, _images(2), vocab, cfg)

@@ -13,7 +13,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from sat_core import worlds
-from sat_core.worlds import word_kind  # noqa: F401  (a caption word's kind, in any world)
+from sat_core.worlds import word_kind
+
+__all__ = ["ERROR_LABELS", "aggregate", "attention_ceiling", "attention_correctness", "attention_elsewhere", "ground",
+           "mask_entropy", "word_kind"]
 
 
 def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | None = None) -> Any:

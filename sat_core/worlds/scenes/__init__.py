@@ -14,7 +14,10 @@ import numpy as np
 from sat_core.worlds import Made, Options
 from sat_core.worlds.scenes import layout
 from sat_core.worlds.scenes.captions import describe
-from sat_core.worlds.scenes.grounding import ERROR_LABELS, ground, word_kind  # noqa: F401  (the World face)
+from sat_core.worlds.scenes.grounding import ERROR_LABELS, ground, word_kind
+
+__all__ = ["NAME", "DATASET", "IMAGE_SIZE", "VERSION", "ERROR_LABELS", "make_image", "header", "owns", "ground",
+           "word_kind"]
 
 NAME = "scenes"
 DATASET = "sat_scenes"

@@ -12,8 +12,10 @@ import numpy as np
 
 from sat_core.worlds import Made, Options
 from sat_core.worlds.shapes.captions import describe
-from sat_core.worlds.shapes.grounding import ERROR_LABELS, ground, word_kind  # noqa: F401  (the World face)
+from sat_core.worlds.shapes.grounding import ERROR_LABELS, ground, word_kind
 from sat_core.worlds.shapes.scene import IMAGE_SIZE, generate_scene, render, scene_objects
+
+__all__ = ["NAME", "DATASET", "IMAGE_SIZE", "ERROR_LABELS", "make_image", "header", "owns", "ground", "word_kind"]
 
 NAME = "shapes"
 DATASET = "sat_world"
