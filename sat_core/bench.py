@@ -301,8 +301,8 @@ def attention_train_runner(model: Captioner, dims: Dims, B: int, T: int, device:
 def train_case(dims: Dims, attention: str, device: torch.device, precision: str = "fp32", *, batch: int = 32,
                length: int = 20, min_time: float = 1.0, floor: bool = True) -> dict[str, Any]:
     """Captions/s, the parts of a step timed alone, and peak memory of training steps on random data."""
-    from sat_core.losses import MovingBaseline, caption_loss
-    from sat_core.train import build_optimizer
+    from sat_core.training.losses import MovingBaseline, caption_loss
+    from sat_core.training.trainer import build_optimizer
 
     torch.manual_seed(0)
     config = model_config(dims, attention)

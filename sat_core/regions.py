@@ -6,18 +6,12 @@ explorer (interventions, mask outlines).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
-import torch
 
-from sat_core.config import PreprocessConfig
-from sat_core.data.karpathy import CaptionDataset
+from sat_core.data.images import CropInfo
 from sat_core.errors import DatasetError, SatError
-from sat_core.data.images import CropInfo, crop_info
-from sat_core.data.masks import rle_decode
 
 _GRID_CELL = 8  # px per grid cell when a mask has to be resampled to tile the α grid
 
@@ -65,62 +59,6 @@ def cell_cover(mask: np.ndarray, crop: CropInfo, grid: tuple[int, int]) -> np.nd
 def mask_on_grid(mask: np.ndarray, crop: CropInfo, grid: tuple[int, int], *, min_cover: float = 0.25) -> np.ndarray:
     """Bool (gh, gw): grid cells at least ``min_cover`` covered by an original-image mask."""
     return cell_cover(mask, crop, grid) >= min_cover
-
-
-class AttentionTargets:
-    """Supervised attention's targets (``OptimConfig.attention_lambda``; Liu et al., 2017): for each
-    caption word linked to objects, q_t = the linked objects' share of each grid cell, normalised to
-    sum to 1 over the cells. Only the synthetic worlds link words to masks.
-
-    An image's covers are computed when it is first batched.
-    """
-
-    def __init__(self, captions: CaptionDataset, preprocess: PreprocessConfig) -> None:
-        for i in captions.image_ids:
-            record = captions.data.images[i]
-            lacks = ("no objects" if not record.objects else "no word links" if not record.links
-                     else "objects without masks" if not all("mask" in o for o in record.objects) else None)
-            if lacks:
-                raise DatasetError(
-                    f"--attention-lambda needs every caption's words linked to object masks (the shapes or "
-                    f"scenes world), and training image {record.path.name} has {lacks}; drop --attention-lambda "
-                    "or train on a world made by python -m sat_core.world.")
-        self.captions, self.preprocess = captions, preprocess
-        self._covers: dict[int, dict[Any, np.ndarray]] = {}  # image -> object id -> (L,) cover
-
-    def batch(self, keys: Sequence[int], steps: int, regions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """q (B, steps, regions) float32 and which words are linked (B, steps) bool, for the captions
-        ``keys`` (Batch.keys); step t is the step that produces word t."""
-        q = self.objects(keys, steps, regions).sum(2)  # (B, steps, regions): the word's objects together
-        total = q.sum(-1, keepdim=True)  # (B, steps, 1); 0 where no link (or the objects lie outside the crop)
-        q = torch.where(total > 0, q / total.clamp_min(1e-12), 0.0)
-        return q, total[..., 0] > 0
-
-    def objects(self, keys: Sequence[int], steps: int, regions: int) -> torch.Tensor:
-        """Each linked object's own share of each cell, (B, steps, K, regions) float32 with K the most objects
-        one word names (zeros past a word's objects and for words without links); steps as in ``batch``."""
-        side = math.isqrt(regions)
-        if side * side != regions:
-            raise SatError(f"Supervised attention needs a square grid of regions, not {regions}.")
-        per_word = []  # (b, t, [cover, …])
-        for b, key in enumerate(keys):
-            image, sentence = self.captions.sentence_of[key]
-            covers = self._image_covers(image, (side, side))
-            per_word += [(b, t, [covers[o] for o in ids])
-                         for t, ids in self.captions.data.images[image].links[sentence] or [] if t < steps]
-        c = np.zeros((len(keys), steps, max([len(x) for *_, x in per_word], default=1), regions), dtype=np.float32)
-        for b, t, covers in per_word:
-            c[b, t, : len(covers)] = covers
-        return torch.from_numpy(c)
-
-    def _image_covers(self, image: int, grid: tuple[int, int]) -> dict[Any, np.ndarray]:
-        if image not in self._covers:
-            objects = self.captions.data.images[image].objects
-            masks = [rle_decode(o["mask"]) for o in objects]
-            crop = crop_info((masks[0].shape[1], masks[0].shape[0]), self.preprocess)
-            self._covers[image] = {o["id"]: cell_cover(m, crop, grid).astype(np.float32).ravel()
-                                   for o, m in zip(objects, masks)}
-        return self._covers[image]
 
 
 def box_mask(size: tuple[int, int], box: tuple[int, int, int, int]) -> np.ndarray:

@@ -13,7 +13,7 @@ from torch import nn
 
 import sat_core.checkpoint as ckpt
 from sat_core.checkpoint import CONFIG_FILE, FORMAT, WEIGHTS_FILE, load_checkpoint, read_checkpoint, save_checkpoint
-from sat_core.flatstate import flatten_state, unflatten_state
+from sat_core.training.state import flatten_state, unflatten_state
 from sat_core.io import read_tensors, save_tensors_atomic, write_json_atomic
 from sat_core.config import ModelConfig, PreprocessConfig
 from sat_core.errors import CheckpointError

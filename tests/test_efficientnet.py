@@ -86,7 +86,7 @@ def test_multiscale_annotations_stack_both_stages_on_the_stride_16_grid(net):
 
 def test_multiscale_is_for_efficientnet_only_and_sets_the_width():
     from sat_core.config import TrainConfig
-    from sat_core.train import model_config
+    from sat_core.training.trainer import model_config
 
     with pytest.raises(SatError, match="multiscale annotations need --encoder efficientnet_lite0"):
         ModelConfig(encoder="small", multiscale=True)
@@ -99,7 +99,7 @@ def test_multiscale_is_for_efficientnet_only_and_sets_the_width():
 def _tap_is_block(net, model: dict, size: int, block: int, width: int) -> tuple[Encoder, torch.Tensor]:
     """The trainer's encoder for ``model`` gives a 14×14 grid of ``width`` equal to the output of ``block``."""
     from sat_core.config import TrainConfig
-    from sat_core.train import model_config
+    from sat_core.training.trainer import model_config
 
     mc = model_config(TrainConfig.from_dict({"model": {"encoder": "efficientnet_lite0", **model}}), vocab_size=7)
     assert mc.feature_dim == width

@@ -1,4 +1,4 @@
-"""sat_core.flatstate: nested training state through safetensors + JSON and back, exactly."""
+"""sat_core.training.state: nested training state through safetensors + JSON and back, exactly."""
 
 import json
 import random
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from sat_core.flatstate import flatten_state, unflatten_state
+from sat_core.training.state import flatten_state, unflatten_state
 from sat_core.io import save_tensors_atomic, write_json_atomic
 from tests.test_checkpoint import states_equal
 

@@ -1,4 +1,4 @@
-"""sat_core.losses: the doubly stochastic penalty, the moving baseline, REINFORCE and entropy terms."""
+"""sat_core.training.losses: the doubly stochastic penalty, the moving baseline, REINFORCE and entropy terms."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from sat_core.alpha import doubly_stochastic
 from sat_core.config import HardAttentionConfig
-from sat_core.losses import MovingBaseline, caption_loss, reinforce_advantage
+from sat_core.training.losses import MovingBaseline, caption_loss, reinforce_advantage
 
 
 def test_doubly_stochastic_matches_hand_computation_and_ignores_pads():

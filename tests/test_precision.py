@@ -17,7 +17,7 @@ from sat_core import precision
 from sat_core.config import DecodeConfig, HardAttentionConfig, TrainConfig
 from sat_core.decoding import DecodeSession, beam_search, sample_hard, score_caption
 from sat_core.errors import SatError
-from sat_core.losses import MovingBaseline, caption_loss
+from sat_core.training.losses import MovingBaseline, caption_loss
 from sat_core.models.attention import attend
 from sat_core.models.captioner import Captioner
 from tests.conftest import tiny_config

@@ -207,6 +207,7 @@ def test_training_with_tune_blocks_trains_only_those_blocks_and_saves_them(runs,
     import torch
 
     from sat_core import train
+    from sat_core.training import trainer as training
     from sat_core.checkpoint import load_checkpoint
     from sat_core.models.efficientnet import efficientnet_lite0
 
@@ -227,7 +228,7 @@ def test_training_with_tune_blocks_trains_only_those_blocks_and_saves_them(runs,
 
     # The optimizer: the tuned block in its own group at --encoder-lr-scale of the decoder's rate.
     cfg, _ = train.parse_config([*args, "--out", str(tmp_path / "again")])
-    trainer = train.Trainer(cfg)
+    trainer = training.Trainer(cfg)
     groups = trainer.optimizer.param_groups
     assert [g["lr_scale"] for g in groups] == [1.0, 0.5]
     assert {id(p) for p in groups[1]["params"]} == {id(p) for p in trainer.model.encoder.body.tail_parameters()}
@@ -235,7 +236,7 @@ def test_training_with_tune_blocks_trains_only_those_blocks_and_saves_them(runs,
     assert [g["lr"] for g in groups] == [0.02, 0.01]
     assert trainer.features.shape[1:] == (112, 14, 14)  # the cache: block 9's output, before the tuned block
     with torch.no_grad():  # cached part (fp16) + tuned block = the model's own annotations of the images
-        images = train.normalise(trainer.store.images[:2], trainer.preprocess)
+        images = training.normalise(trainer.store.images[:2], trainer.preprocess)
         direct = trainer.model.encode(images).feats  # (2, 196, 112)
         assert torch.allclose(trainer._annotations([0, 1]), direct, atol=0.05 * float(direct.abs().max()))
 

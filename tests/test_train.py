@@ -16,6 +16,7 @@ import torch
 
 from sat_core import checkpoint as ckpt
 from sat_core import train
+from sat_core.training import trainer as training
 from sat_core.config import DecodeConfig
 from sat_core.data.karpathy import ImageStore, load_karpathy, normalise
 from sat_core.decoding import beam_search
@@ -52,8 +53,8 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 def _state(run: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    state = json.loads((run / "last" / train.STATE_JSON).read_text())
-    return state, read_tensors(run / "last" / train.STATE_TENSORS)[0]
+    state = json.loads((run / "last" / training.STATE_JSON).read_text())
+    return state, read_tensors(run / "last" / training.STATE_TENSORS)[0]
 
 
 def assert_same_run(a: Path, b: Path) -> None:
@@ -118,7 +119,7 @@ def test_patience_stops_a_run_that_does_not_improve(tiny_data, tmp_path):
 def test_save_then_load_gives_identical_logits(tiny_data, tmp_path):
     data, images = tiny_data
     cfg, resume = train.parse_config(train_args(data, images, tmp_path / "run", "--epochs", "2", "--lr", "1e-2"))
-    trainer = train.Trainer(cfg, resume)
+    trainer = training.Trainer(cfg, resume)
     trainer.run()
     loaded = ckpt.load_checkpoint(tmp_path / "run" / "last")
     assert loaded.vocab.to_dict() == trainer.vocab.to_dict()
@@ -194,7 +195,7 @@ def test_resume_mid_epoch_after_sigterm_matches_an_uninterrupted_run(world_data,
     assert train.main(train_args(data, images, tmp_path / "a", *flags)) == 0
 
     # Deliver "SIGTERM" during the 3rd optimizer step of run b: the handler's flag, as a real signal sets it.
-    original = train.Trainer._train_step
+    original = training.Trainer._train_step
 
     def step_then_signal(self, batch):
         out = original(self, batch)
@@ -202,9 +203,9 @@ def test_resume_mid_epoch_after_sigterm_matches_an_uninterrupted_run(world_data,
             self.stop_signal = signal.SIGTERM
         return out
 
-    monkeypatch.setattr(train.Trainer, "_train_step", step_then_signal)
+    monkeypatch.setattr(training.Trainer, "_train_step", step_then_signal)
     assert train.main(train_args(data, images, tmp_path / "b", *flags)) == 130
-    monkeypatch.setattr(train.Trainer, "_train_step", original)
+    monkeypatch.setattr(training.Trainer, "_train_step", original)
     state = _state(tmp_path / "b")[0]
     assert (state["epoch"], state["batch_in_epoch"], state["step"]) == (0, 3, 3)
     assert train.main(["--resume", str(tmp_path / "b")]) == 0
@@ -220,18 +221,18 @@ def test_resume_applies_a_new_learning_rate_and_remembers_it(tiny_data, tmp_path
     data, images = tiny_data
     run = tmp_path / "run"
     assert train.main(train_args(data, images, run, "--epochs", "1", "--lr", "1e-2")) == 0
-    trainer = train.Trainer(*train.parse_config(["--resume", str(run), "--lr", "1e-4", "--epochs", "2"]))
+    trainer = training.Trainer(*train.parse_config(["--resume", str(run), "--lr", "1e-4", "--epochs", "2"]))
     assert [g["lr"] for g in trainer.optimizer.param_groups] == [1e-4]
     assert trainer.optimizer.state, "the optimizer moments were restored"
     trainer.run()
     # A later plain --resume keeps the lowered rate instead of going back to the first one.
-    again = train.Trainer(*train.parse_config(["--resume", str(run), "--epochs", "3"]))
+    again = training.Trainer(*train.parse_config(["--resume", str(run), "--epochs", "3"]))
     assert [g["lr"] for g in again.optimizer.param_groups] == [1e-4]
 
 
 def test_cosine_schedule_sets_every_steps_rate_and_logs_it(world_data, tmp_path):
     data, images = world_data
-    trainer = train.Trainer(*train.parse_config(train_args(
+    trainer = training.Trainer(*train.parse_config(train_args(
         data, images, tmp_path / "run", "--epochs", "2", "--batch-size", "4", "--lr", "4e-3",
         "--lr-schedule", "cosine", "--lr-final", "0.25", "--patience", "0")))
     seen = []
@@ -258,8 +259,8 @@ def test_a_time_budget_that_fits_fewer_epochs_ends_the_cosine_schedule_with_them
     epochs that still fit, and the cosine rate reaches its floor at the last of them, not half way."""
     data, images = world_data
     clock = [1000.0]
-    monkeypatch.setattr(train.time, "perf_counter", lambda: clock[0])
-    trainer = train.Trainer(*train.parse_config(train_args(
+    monkeypatch.setattr(training.time, "perf_counter", lambda: clock[0])
+    trainer = training.Trainer(*train.parse_config(train_args(
         data, images, tmp_path / "run", "--epochs", "10", "--batch-size", "4", "--lr", "4e-3",
         "--lr-schedule", "cosine", "--lr-final", "0.25", "--patience", "0", "--max-minutes", "10")))
     clock[0] += 60  # one minute of setup
@@ -293,7 +294,7 @@ def test_cached_features_are_what_the_saved_model_computes(tiny_data, tmp_path):
     """A frozen encoder's annotations are cached once; inference must see the same ones (batch-norm in eval)."""
     data, images = tiny_data
     enc = _frozen_encoder(tmp_path / "encoder.safetensors")
-    trainer = train.Trainer(*train.parse_config(train_args(data, images, tmp_path / "run", "--epochs", "1",
+    trainer = training.Trainer(*train.parse_config(train_args(data, images, tmp_path / "run", "--epochs", "1",
                                                            "--encoder-weights", str(enc))))
     assert trainer.features is not None, "a frozen encoder should be cached"
     trainer.run()
@@ -310,14 +311,14 @@ def test_cached_features_are_what_the_saved_model_computes(tiny_data, tmp_path):
 def test_save_every_writes_mid_epoch_state(world_data, tmp_path, monkeypatch):
     data, images = world_data
     seen: list[tuple[int, int]] = []
-    original = train.Trainer.save_last
+    original = training.Trainer.save_last
 
     def spy(self, refresh=True):
         original(self, refresh)
-        state = json.loads((self.run_dir / "last" / train.STATE_JSON).read_text())
+        state = json.loads((self.run_dir / "last" / training.STATE_JSON).read_text())
         seen.append((state["step"], state["batch_in_epoch"]))
 
-    monkeypatch.setattr(train.Trainer, "save_last", spy)
+    monkeypatch.setattr(training.Trainer, "save_last", spy)
     args = train_args(data, images, tmp_path / "run", "--epochs", "1", "--batch-size", "4", "--save-every", "3")
     assert train.main(args) == 0
     last_step = seen[-1][0]
@@ -370,7 +371,7 @@ def test_resume_without_state_is_a_clear_error(tiny_data, tmp_path, capsys, cont
         train_cfg = train.parse_config(train_args(data, images, run))[0]
         write_json_atomic(run / "train_config.json", train_cfg.to_dict())
     if content == "config and weights":
-        trainer = train.Trainer(*train.parse_config(train_args(data, images, tmp_path / "other")))
+        trainer = training.Trainer(*train.parse_config(train_args(data, images, tmp_path / "other")))
         trainer._save_model(run / "last")  # weights and config.json, no resumable state
     err = _fails(["--resume", str(run)], capsys)
     assert "--resume" in err or "resumable" in err
@@ -388,8 +389,8 @@ def test_the_doubly_stochastic_penalty_is_soft_attentions_unless_hard_dsa_asks(
         seen.append(dsa_lambda)
         return caption_loss(*args, dsa_lambda=dsa_lambda, **kwargs)
 
-    caption_loss = train.caption_loss
-    monkeypatch.setattr(train, "caption_loss", recording_loss)
+    caption_loss = training.caption_loss
+    monkeypatch.setattr(training, "caption_loss", recording_loss)
     extra = ["--attention", attention, "--dsa-lambda", "0.5", "--epochs", "1", *([flag] if flag else [])]
     assert train.main(train_args(data, images, tmp_path / "run", *extra)) == 0
     assert seen and set(seen) == {expected}
@@ -427,8 +428,10 @@ def test_attention_targets_put_each_linked_word_on_its_objects_cells(tmp_path):
     from sat_core.worlds import writer
     from sat_core.config import PreprocessConfig
     from sat_core.data.karpathy import CaptionDataset, ImageStore, build_vocab, load_karpathy
-    from sat_core.regions import AttentionTargets, cell_cover
     from sat_core.data.masks import rle_decode
+    from sat_core.regions import cell_cover
+    from sat_core.training.supervision import AttentionTargets
+
     path = writer.generate(tmp_path / "scenes", 3, 1, 0, seed=5, workers=1, kind="scenes")
     data = load_karpathy(path, tmp_path / "scenes")
     pre = PreprocessConfig(image_size=224)

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from sat_core import train
+from sat_core.training import trainer as training
 from sat_core.config import TrainConfig
-from sat_core.train_checks import check_config
+from sat_core.training.checks import check_config
 from tests.fixtures_world import make_dataset, train_args
 
 
@@ -23,7 +24,7 @@ def no_decoding(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("images were decoded before the refusal")
 
-    monkeypatch.setattr(train, "ImageStore", refuse)
+    monkeypatch.setattr(training, "ImageStore", refuse)
 
 
 def _refused(argv, capsys) -> str:
@@ -57,8 +58,8 @@ def test_combinations_are_refused_before_decoding(tiny_data, tmp_path, capsys, n
 def test_efficientnet_needs_no_pretrained_flag_its_weights_always_come_with_it():
     cfg = TrainConfig.from_dict({"data": {"dataset": "d.json", "images": "d"}, "model": {"encoder": "efficientnet_lite0"}})
     check_config(cfg)  # no --pretrained, and still not a frozen random encoder
-    assert train.model_config(cfg, vocab_size=10).pretrained
-    pre = train.preprocess_config(cfg)
+    assert training.model_config(cfg, vocab_size=10).pretrained
+    pre = training.preprocess_config(cfg)
     assert (pre.image_size, pre.mean, pre.std, pre.crop) == (224, (0.5,) * 3, (0.5,) * 3, 1.0)
 
 

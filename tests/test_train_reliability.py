@@ -21,9 +21,10 @@ import torch
 
 from sat_core import checkpoint as ckpt
 from sat_core import train
+from sat_core.training import trainer as training
 from sat_core.io import read_tensors
 from sat_core.data.karpathy import BucketBatchSampler, load_karpathy
-from sat_core.losses import caption_loss
+from sat_core.training.losses import caption_loss
 from tests.fixtures_world import REPO_ROOT, make_dataset, python_module, subprocess_env, train_args
 from tests.test_train import assert_same_run
 
@@ -71,7 +72,7 @@ def _wait_for_state(proc: subprocess.Popen, run: Path, ready, timeout: float = 9
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            state = json.loads((run / "last" / train.STATE_JSON).read_text())
+            state = json.loads((run / "last" / training.STATE_JSON).read_text())
         except (FileNotFoundError, NotADirectoryError):
             state = None  # no checkpoint yet, or caught between the two renames of a swap
         if state is not None and ready(state):
@@ -87,10 +88,10 @@ def _wait_for_state(proc: subprocess.Popen, run: Path, ready, timeout: float = 9
 def assert_checkpoint_intact(last: Path) -> dict[str, torch.Tensor]:
     """Every file under ``last/`` is complete and finite; no temporary file sits under a final name."""
     names = sorted(p.name for p in last.iterdir())
-    assert names == sorted([ckpt.CONFIG_FILE, ckpt.WEIGHTS_FILE, train.STATE_JSON, train.STATE_TENSORS]), names
+    assert names == sorted([ckpt.CONFIG_FILE, ckpt.WEIGHTS_FILE, training.STATE_JSON, training.STATE_TENSORS]), names
     weights, config = ckpt.read_checkpoint(last)
-    state_tensors, _ = read_tensors(last / train.STATE_TENSORS)
-    state = json.loads((last / train.STATE_JSON).read_text())
+    state_tensors, _ = read_tensors(last / training.STATE_TENSORS)
+    state = json.loads((last / training.STATE_JSON).read_text())
     assert config["format"] == ckpt.FORMAT and "skeleton" in state
     for name, tensor in {**weights, **state_tensors}.items():
         if tensor.is_floating_point():
@@ -113,11 +114,11 @@ def test_signal_saves_a_resumable_checkpoint_and_exits_130(world_data, tmp_path,
     assert proc.returncode == 130, err[-2000:]
     assert "--resume" in err and str(run) in err
     assert_checkpoint_intact(run / "last")
-    state = json.loads((run / "last" / train.STATE_JSON).read_text())
+    state = json.loads((run / "last" / training.STATE_JSON).read_text())
     assert state["step"] >= 1 and state["epoch"] < 1000
     # Resume from it (finishing the epoch it stopped in) through the same CLI, in-process.
     assert train.main(["--resume", str(run), "--epochs", str(state["epoch"] + 1)]) == 0
-    resumed = json.loads((run / "last" / train.STATE_JSON).read_text())
+    resumed = json.loads((run / "last" / training.STATE_JSON).read_text())
     assert resumed["epoch"] == state["epoch"] + 1 and resumed["step"] > state["step"]
 
 
@@ -133,7 +134,7 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(world_data, 
     assert proc.returncode == -signal.SIGKILL
 
     assert_checkpoint_intact(run / "last")
-    killed = json.loads((run / "last" / train.STATE_JSON).read_text())
+    killed = json.loads((run / "last" / training.STATE_JSON).read_text())
     assert killed["step"] >= state["step"]
     assert train.main(["--resume", str(run)]) == 0, capsys.readouterr().err
     assert train.main(train_args(data, images, tmp_path / "whole", *flags)) == 0
@@ -186,7 +187,7 @@ def _poison_after(monkeypatch, good_steps: int, how: str) -> None:
                 parts.total = parts.total + (out.logits.sum() * 0).sqrt()
         return parts
 
-    monkeypatch.setattr(train, "caption_loss", poisoned)
+    monkeypatch.setattr(training, "caption_loss", poisoned)
 
 
 @pytest.mark.parametrize("how", ["loss", "grad"])
@@ -199,11 +200,11 @@ def test_non_finite_step_stops_the_run_and_keeps_the_last_good_checkpoint(world_
     err = capsys.readouterr().err
     assert "epoch 1, batch 4" in err and "--resume" in err, err
     weights = assert_checkpoint_intact(tmp_path / "bad" / "last")
-    assert json.loads((tmp_path / "bad" / "last" / train.STATE_JSON).read_text())["step"] == 3
+    assert json.loads((tmp_path / "bad" / "last" / training.STATE_JSON).read_text())["step"] == 3
 
     # The checkpoint on disk is exactly the state after the 3 good steps.
-    monkeypatch.setattr(train, "caption_loss", caption_loss)
-    original = train.Trainer._train_step
+    monkeypatch.setattr(training, "caption_loss", caption_loss)
+    original = training.Trainer._train_step
 
     def stop_after_three(self, batch):
         out = original(self, batch)
@@ -211,7 +212,7 @@ def test_non_finite_step_stops_the_run_and_keeps_the_last_good_checkpoint(world_
             self.stop_signal = signal.SIGTERM
         return out
 
-    monkeypatch.setattr(train.Trainer, "_train_step", stop_after_three)
+    monkeypatch.setattr(training.Trainer, "_train_step", stop_after_three)
     assert train.main(train_args(data, images, tmp_path / "good", *args)) == 130
     good, _ = ckpt.read_checkpoint(tmp_path / "good" / "last")
     assert all(torch.equal(weights[k], good[k]) for k in good)
@@ -277,6 +278,6 @@ def test_two_process_torchrun_on_gloo(tiny_data, tmp_path):
     lengths = [len(s) + 2 for i in dataset.split("train") for s in dataset.images[i].sentences]
     per_rank = len(BucketBatchSampler(lengths, 8, num_replicas=2, rank=0))
     assert per_rank < len(BucketBatchSampler(lengths, 8))
-    state = json.loads((run / "last" / train.STATE_JSON).read_text())
+    state = json.loads((run / "last" / training.STATE_JSON).read_text())
     assert state["step"] == per_rank * len(epochs)
     assert math.isfinite(epochs[-1]["loss"])

@@ -1,15 +1,25 @@
-"""Nested training state (optimizer state, RNG states, counters) <-> flat tensors + a JSON skeleton.
+"""A run's resumable state: nested training state (optimizer state, RNG states, counters) <-> flat tensors + a
+JSON skeleton, the RNGs' states as JSON, and putting back ``last/`` when a kill landed inside its swap.
 
 The trainer stores resumable state as safetensors + JSON like everything else: nothing is pickled.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from sat_core.errors import SatError
+from sat_core.paths import CONFIG_FILE, WEIGHTS_FILE
+
+STATE_TENSORS, STATE_JSON = "state.safetensors", "state.json"
 
 
 def flatten_state(obj: Any) -> tuple[dict[str, torch.Tensor], Any]:
@@ -78,3 +88,51 @@ def unflatten_state(tensors: dict[str, torch.Tensor], skeleton: Any) -> Any:
     if "__dict__" in skeleton:
         return {unflatten_state(tensors, k): unflatten_state(tensors, v) for k, v in skeleton["__dict__"]}
     raise ValueError(f"Unknown entry in a state skeleton: {sorted(skeleton)}")
+
+
+def require_state(last: Path) -> None:
+    """Refuse --resume before any slow work when ``last/`` holds no resumable state."""
+    _recover_swap(last)
+    if not (last / STATE_JSON).is_file() or not (last / CONFIG_FILE).is_file():
+        raise SatError(f"{last} holds no resumable state ({STATE_JSON} missing): the run stopped before its "
+                       "first checkpoint. Start a new run instead of --resume.")
+
+
+def _recover_swap(last: Path) -> None:
+    """Put back the newest complete checkpoint when a kill landed inside a swap of ``last/``.
+
+    ``save_checkpoint`` moves the old folder to ``.last.*.old`` and then renames the finished
+    ``.last.*.tmp`` into place; a kill between the two leaves no ``last/`` but both folders on disk.
+    A staging folder is complete once its state tensors (written last) are there.
+    """
+    if last.exists():
+        return
+    needed = (WEIGHTS_FILE, CONFIG_FILE, STATE_JSON, STATE_TENSORS)
+
+    def position(folder: Path) -> tuple[int, int]:
+        state = json.loads((folder / STATE_JSON).read_text())
+        return state["step"], state["epoch"]  # the epoch-end save follows a mid-epoch one at the same step
+
+    found = [p for p in last.parent.glob(f".{last.name}.*") if all((p / n).is_file() for n in needed)]
+    if found:
+        try:
+            os.rename(max(found, key=position), last)
+        except OSError:
+            pass  # another DDP rank put it back first
+
+
+def numpy_state() -> list[Any]:
+    """NumPy's global RNG state as JSON."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+
+
+def python_state() -> list[Any]:
+    """Python's global RNG state as JSON."""
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def python_rng(state: list[Any]) -> tuple:
+    """``python_state``'s JSON back as ``random.setstate`` takes it."""
+    return (state[0], tuple(state[1]), state[2])

@@ -54,13 +54,6 @@ def reinforce_advantage(
     return reward - lengths * b, per_token
 
 
-def attention_supervision(alphas: torch.Tensor, targets: torch.Tensor, linked: torch.Tensor) -> torch.Tensor:
-    """Supervised attention (Liu et al., 2017; not in the paper): −Σ_i q_ti log α_ti, the cross-entropy
-    from the target cells q (B, T, L) to α (B, T, L), averaged over the linked words (B, T) bool."""
-    cross = -(targets * alphas.float().clamp_min(1e-8).log()).sum(-1)  # (B, T)
-    return cross[linked].sum() / linked.sum().clamp_min(1)
-
-
 @dataclass
 class LossParts:
     total: torch.Tensor
