@@ -30,9 +30,12 @@ from sat_core.paths import list_checkpoints
 
 from explorer.settings import DataSource
 
-GALLERY_SIZE = 24  # test scenes generated when no dataset folder exists (plus training-like ones for the domain check)
 DISPLAY_SIDE = 768  # px: the original image is kept at most this large (caches hold many uploads)
 EVAL_RECORDS_FILE = "eval_records.json"
+# Every p, log p, α and β the pages show is computed in fp32, one row at a time (teacher forcing, step-through
+# sessions): the same numbers on every page. Beam search keeps the checkpoint's precision (bf16 where it is faster),
+# so its captions are those of `python -m sat_core.caption`.
+NUMBERS_PRECISION = "fp32"
 
 
 # ---- checkpoints ----------------------------------------------------------------------------------
@@ -92,17 +95,47 @@ class Gallery:
         return self.by_id[image_id].path.name
 
 
+def world_test_split(kind: str) -> tuple[int, int, int]:
+    """(number of test scenes, id of the first, seed) of the embedded world ``kind`` as the shipped models were
+    evaluated on it (``sat_core.ship.WORLDS``): their ``eval_records.json`` names exactly these scenes."""
+    from sat_core.ship import WORLDS
+
+    world = WORLDS[kind]
+    return world["test"], world["train"] + world["val"], world["seed"]
+
+
+def _renumber(dataset: Path, first_id: int) -> None:
+    """Give a test split written alone the ids and file names it has in the whole world (after train and val)."""
+    doc = json.loads(dataset.read_text(encoding="utf-8"))
+    for entry in doc["images"]:
+        old = dataset.parent / entry["filepath"] / entry["filename"]
+        entry["imgid"] += first_id
+        entry["filename"] = f"{entry['imgid']:06d}{old.suffix}"
+        entry["sentids"] = [i + first_id * len(entry["sentids"]) for i in entry["sentids"]]
+        old.rename(old.with_name(entry["filename"]))
+    write_json_atomic(dataset, doc)
+
+
 def _generated_world(kind: str) -> Path:
-    """A small gallery of the embedded world ``kind`` made once per machine (in a temp dir when the
-    cache is not writable)."""
+    """The whole test split of the embedded world ``kind`` — the scenes the shipped models' stored records describe,
+    with their ids and file names — made once per machine (in a temp dir when the cache is not writable). Each
+    scene draws from its own seed (split, index), so the split is written without the training scenes."""
+    import os
+    import shutil
+
     from sat_core.worlds.writer import generate
 
+    n, first_id, seed = world_test_split(kind)
     for base in (Path.home() / ".cache" / "sat-explorer", Path(tempfile.gettempdir()) / "sat-explorer"):
-        folder = base / ("world" if kind == "shapes" else kind)
+        folder = base / f"{'world' if kind == 'shapes' else kind}-test-{n}"
         if (folder / "dataset.json").is_file():
             return folder
+        partial = folder.with_name(folder.name + ".partial")  # renamed when complete: a crash leaves no half world
         try:
-            generate(folder, 40, 0, GALLERY_SIZE, seed=0, workers=1, kind=kind)
+            shutil.rmtree(partial, ignore_errors=True)
+            generate(partial, 0, 0, n, seed=seed, workers=max(1, min(2, os.cpu_count() or 1)), kind=kind)
+            _renumber(partial / "dataset.json", first_id)
+            partial.rename(folder)
             return folder
         except (OSError, DatasetError):
             continue
@@ -110,19 +143,20 @@ def _generated_world(kind: str) -> Path:
                        "start the app with -- --data DATASET.json --images DIR.")
 
 
-@st.cache_resource(max_entries=2, show_spinner="Reading the dataset…")
+@st.cache_resource(max_entries=2, show_spinner="Reading the dataset (the first start without a data folder "
+                                                  "draws the world's test split: about half a minute)…")
 def load_gallery(source: DataSource) -> Gallery:
     """The source's split; DatasetError (not cached) with what to fix when it cannot be read.
 
     Only when no dataset was named and the repo has no folder of the source's world (``data/scenes``,
-    ``data/world``) is a small gallery of that world generated."""
+    ``data/world``) is that world's test split generated (the scenes the shipped models were evaluated on)."""
     note = source.label
     if not source.given and not source.data.is_file():
         missing = source.data.parent
         folder = _generated_world(source.kind)
         source = DataSource(folder / "dataset.json", folder, "test", False, source.kind)
-        note = (f"{GALLERY_SIZE} generated test scenes of the {source.kind} world (no dataset given, and no "
-                f"{missing.parent.name}/{missing.name} folder)")
+        note = (f"the {world_test_split(source.kind)[0]} generated test scenes of the {source.kind} world, the "
+                f"shipped models' test split (no dataset given, and no {missing.parent.name}/{missing.name} folder)")
     data = load_karpathy(source.data, source.images)
     records = [data.images[i] for i in data.split(source.split)]
     first = records[0].path
@@ -218,10 +252,12 @@ def decode(ckpt: str, image_key: str, cfg: DecodeConfig, region_key: str, _loade
 
 
 @st.cache_data(max_entries=64, ttl=3600, show_spinner="Scoring…")
-def score(ckpt: str, image_key: str, caption: str, _loaded: LoadedCheckpoint, _tensor: Any, region_key: str = "",
-          _intervention: Intervention | None = None):
-    """Teacher forcing of ``caption``; ``region_key`` names the intervention (if any)."""
-    return score_caption(_loaded.model, _loaded.vocab, _tensor, caption, intervention=_intervention)
+def score(ckpt: str, image_key: str, caption: str | tuple[int, ...], _loaded: LoadedCheckpoint, _tensor: Any,
+          region_key: str = "", _intervention: Intervention | None = None):
+    """Teacher forcing of ``caption`` (text, or token ids) in ``NUMBERS_PRECISION``; ``region_key`` names the
+    intervention (if any)."""
+    return score_caption(_loaded.model, _loaded.vocab, _tensor, caption, intervention=_intervention,
+                         precision=NUMBERS_PRECISION)
 
 
 @st.cache_data(max_entries=32, ttl=3600, show_spinner="Sampling locations…")
@@ -248,15 +284,22 @@ def _records_cache(ckpt: str, source: DataSource, cfg: DecodeConfig) -> Path:
     return Path(tempfile.gettempdir()) / name
 
 
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _read_stored(path: str, _stamp: int) -> tuple[dict[str, Any], frozenset]:
+    """A checkpoint's stored records (read once per server and file version) and the images they name."""
+    doc = read_records(Path(path))
+    return doc, frozenset((r["image_id"], r.get("filename")) for r in doc["records"])
+
+
 def stored_records(loaded: LoadedCheckpoint, gallery: Gallery) -> dict[str, Any] | None:
     """The checkpoint's ``eval_records.json`` when its records are exactly the gallery's images."""
     path = loaded.path / EVAL_RECORDS_FILE
     if not path.is_file():
         return None
-    doc = read_records(path)
-    names = {(r["image_id"], r.get("filename")) for r in doc["records"]}
+    stored, names = _read_stored(str(path), path.stat().st_mtime_ns)
     if names != {(i, gallery.name(i)) for i in gallery.ids}:
         return None  # records of another dataset or split
+    doc = dict(stored)  # the cached document stays as read
     for key in ("corpus", "grounded", "attention", "search"):  # "search": evaluated with search_errors
         doc.setdefault(key, (loaded.metrics or {}).get(key, {}))
     doc["source"] = f"{path} (stored with the checkpoint)"

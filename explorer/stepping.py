@@ -23,6 +23,7 @@ TOP_K = 5
 PLAYING, NOTICE = "_playing", "_step_notice"
 PLAY_TO_END = 99  # a step past any length cap: "the whole caption" (links from error analysis)
 FOLLOW = "follow"  # widget key (and URL parameter): replay the Caption page's caption
+FROM_ERRORS = "_from_errors"  # the error analysis row that opened this view: its labels and first wrong word
 
 
 def following(ctx: Context) -> bool:

@@ -81,6 +81,11 @@ def open_in_step(record: dict) -> None:
     """Show this record's image in Step through, replaying its caption (the beam's), stopped at its first wrong word
     (else the whole caption)."""
     set_pending(source="Gallery scene", scene=int(record["image_id"]), masks=True, follow=True)
+    st.session_state[stepping.FROM_ERRORS] = {
+        "image_id": int(record["image_id"]), "labels": list(record.get("errors") or []),
+        "filter": list(st.session_state.get("err_labels") or []), "first_error": record.get("first_error"),
+        "word": _first_wrong(record), "caption": record["caption"],
+        "hallucinated": list(record.get("hallucinated") or []), "missed": list(record.get("missed") or [])}
     first = record.get("first_error")
     st.session_state["step"] = first + 1 if first is not None else stepping.PLAY_TO_END
     st.session_state["forced"] = {}

@@ -117,6 +117,28 @@ def draw_coverage(image: PreparedImage, session: DecodeSession, settings: MapSet
     draw_alpha(overlay, cover, key="step_coverage", value_name="Σα", height=300, scale=scale)
 
 
+def draw_error_origin(image: PreparedImage) -> None:
+    """Opened from an error analysis row: the labels that brought the user here and the word the view stops at."""
+    origin = st.session_state.get(stepping.FROM_ERRORS)
+    if not origin or image.record is None or image.record.id != origin["image_id"]:
+        st.session_state.pop(stepping.FROM_ERRORS, None)  # another image: the row no longer applies
+        return
+    labels = ", ".join(f"**{label}**" for label in origin["labels"]) or "none"
+    filtered = [label for label in origin["filter"] if label in origin["labels"]]
+    parts = [f"**From error analysis** — error labels of this caption: {labels}"
+             + (f" (the table was filtered on {', '.join(filtered)})" if filtered else "") + "."]
+    if origin["hallucinated"]:
+        parts.append(f"Words no reference uses: {', '.join(dict.fromkeys(origin['hallucinated']))}.")
+    if origin["missed"]:
+        parts.append(f"Words most references use and the caption does not: {', '.join(origin['missed'])}.")
+    if origin["first_error"] is not None:
+        parts.append(f"Stopped at its first wrong word, {origin['word'].split(': ', 1)[-1]!r} (word "
+                     f"{origin['first_error'] + 1}); **Next** goes on from there.")
+    else:
+        parts.append("No single word is wrong (the labels are about the caption as a whole): showing all of it.")
+    st.warning(" ".join(parts), icon=":material/bug_report:")
+
+
 def draw_view(ctx: Context, image: PreparedImage, loaded, timer: float | None) -> None:
     """Everything a step changes; a fragment, so a click or a Play tick reruns only this part."""
     if bool(st.session_state.get(stepping.PLAYING)) != (timer is not None):
@@ -163,6 +185,7 @@ def main() -> None:
             st.caption(f"**Next** takes the most probable word (greedy decoding, beam size 1); the Caption page "
                        f"searches with beam size {ctx.decode.beam_size}, so its caption can differ from the one built "
                        "here.")
+    draw_error_origin(image)
     playing = bool(st.session_state.get(stepping.PLAYING))
     every = SPEEDS.get(st.session_state.get("play_speed"), 1.0) if playing else None
     st.fragment(run_every=every)(draw_view)(ctx, image, loaded, every)

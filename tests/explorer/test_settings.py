@@ -58,11 +58,14 @@ def test_with_no_dataset_the_gallery_is_generated_scenes_of_the_checkpoints_worl
     from explorer.settings import default_source
 
     monkeypatch.setattr(Path, "home", lambda: tmp_path)  # the per-machine cache the gallery is made in
+    # the shipped world's test split is 500 scenes after 24400 others; a short one here, numbered the same way
+    monkeypatch.setattr(res, "world_test_split", lambda kind: (6, 24400, 0))
     missing = DataSource(tmp_path / "nowhere" / "dataset.json", tmp_path / "nowhere", "test", False, "scenes")
     gallery = res.load_gallery.__wrapped__(missing)
-    assert len(gallery.ids) == res.GALLERY_SIZE and "generated test scenes of the scenes world" in gallery.note
+    assert len(gallery.ids) == 6 and "6 generated test scenes of the scenes world" in gallery.note
+    assert gallery.ids == list(range(24400, 24406)) and gallery.name(24400) == "024400.png"
     first = gallery.by_id[gallery.ids[0]]
-    assert first.path.is_relative_to(tmp_path / ".cache" / "sat-explorer" / "scenes")
+    assert first.path.is_relative_to(tmp_path / ".cache" / "sat-explorer")
     from PIL import Image
 
     assert Image.open(first.path).size == (224, 224)  # scenes, not the 112 px shapes

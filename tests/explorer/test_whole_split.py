@@ -1,0 +1,105 @@
+"""Error analysis on the whole split: with no data folder the explorer draws the shipped models' test split and
+opens on their stored records; a row opens Step through at its first wrong word with its error labels."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from explorer import resources as res
+from explorer.settings import DEFAULT_CHECKPOINTS
+from tests.explorer.conftest import APP
+from tests.explorer.test_pages import open_page
+
+
+def _loadable(name: str) -> bool:
+    from sat_core.checkpoint import load_checkpoint
+    from sat_core.errors import SatError
+
+    try:
+        load_checkpoint(DEFAULT_CHECKPOINTS / name)
+    except (SatError, OSError):
+        return False
+    return (DEFAULT_CHECKPOINTS / name / res.EVAL_RECORDS_FILE).is_file()
+
+
+# Whatever checkpoints ship: every one that loads and carries its records, its world read from its config.
+SHIPPED = [p.name for p in sorted(DEFAULT_CHECKPOINTS.glob("*")) if (p / "config.json").is_file()]
+
+
+def _world(name: str) -> str:
+    config = json.loads((DEFAULT_CHECKPOINTS / name / "config.json").read_text())
+    return "scenes" if "scenes" in config["training"]["train_config"]["data"]["dataset"] else "shapes"
+
+
+@pytest.fixture
+def no_data_folder(tmp_path, monkeypatch):
+    """A fresh clone: no data/ folder, an empty per-machine cache, the repo's checkpoints."""
+    from explorer import settings
+
+    for kind in list(settings.DEFAULT_WORLDS):
+        monkeypatch.setitem(settings.DEFAULT_WORLDS, kind, tmp_path / f"no-{kind}-here")
+    for key in ("SAT_WORLD_DIR", "SAT_CHECKPOINT_DIRS", "SAT_DATA", "SAT_IMAGES", "SAT_SPLIT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    res.load_gallery.clear()
+    yield tmp_path
+    res.load_gallery.clear()
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_error_analysis_opens_on_the_stored_records_of_the_whole_test_split(name, no_data_folder):
+    from streamlit.testing.v1 import AppTest
+
+    if not _loadable(name):
+        pytest.skip(f"{name} does not load here (or carries no {res.EVAL_RECORDS_FILE})")
+    stored = json.loads((DEFAULT_CHECKPOINTS / name / res.EVAL_RECORDS_FILE).read_text())["records"]
+    assert len(stored) >= 500
+    at = AppTest.from_file(APP, default_timeout=600)
+    at.query_params = {"ckpt": name}
+    at.run()  # the first start draws the world's test split
+    assert not at.exception, at.exception
+    at.switch_page("views/errors.py")
+    started = time.perf_counter()
+    at.run()
+    first_open = time.perf_counter() - started
+    assert not at.exception, at.exception
+    assert first_open < 2.0, f"first open of error analysis took {first_open:.2f} s"
+    table = at.dataframe[0].value
+    assert len(table) == len(stored) and set(table["image_id"]) == {r["image_id"] for r in stored}
+    assert any("stored with the checkpoint" in c.value for c in at.caption)
+    by_id = {r["image_id"]: r for r in stored}
+    row = table.iloc[0]
+    assert row["caption"] == by_id[int(row["image_id"])]["caption"]
+    # the gallery holds the very scenes the records describe: their references match
+    gallery = res.load_gallery.__wrapped__(at.session_state["_ctx"].source)
+    assert f"{len(stored)} generated test scenes of the {_world(name)} world" in gallery.note
+    some = int(row["image_id"])
+    assert [" ".join(s) for s in gallery.by_id[some].sentences] == by_id[some]["references"]
+
+
+def test_a_row_opens_step_through_at_its_first_wrong_word_with_its_labels(explorer_env):
+    at = open_page("errors")
+    table = at.dataframe[0].value
+    wrong = table[table["first wrong word"] != ""]
+    assert len(wrong), "the tiny model makes no wrong word on any scene"
+    row = wrong.iloc[0]
+    labels = row["errors"].split(", ")
+    at.multiselect(key="err_labels").set_value([labels[0]]).run()
+    at.selectbox(key="err_open").set_value(int(row["image_id"]))
+    at.button(key="err_open_button").click().run()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "Step through"
+    n, word = row["first wrong word"].split(": ", 1)
+    assert any(m.value.startswith(f"**Step {n}:**") and word in m.value for m in at.markdown)
+    origin = next(w.value for w in at.warning if w.value.startswith("**From error analysis**"))
+    assert all(f"**{label}**" in origin for label in labels)
+    assert f"filtered on {labels[0]}" in origin and f"first wrong word, '{word}' (word {n})" in origin
+    at.switch_page("views/step.py")  # AppTest reruns the page it was given: follow the app's switch
+    at.button(key="step_next").click().run()  # the label stays while the user steps on from there
+    assert any(w.value.startswith("**From error analysis**") for w in at.warning)
+    at.sidebar.selectbox(key="scene").set_value(next(i for i in table["image_id"] if i != row["image_id"])).run()
+    assert not any(w.value.startswith("**From error analysis**") for w in at.warning)  # another image: gone
