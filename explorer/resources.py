@@ -21,9 +21,9 @@ from sat_core.checkpoint import CARD_FILE, CONFIG_FILE, LoadedCheckpoint, load_c
 from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.data.karpathy import ImageRecord, KarpathyData, load_karpathy
 from sat_core.decoding import Hypothesis, Intervention, beam_search, sample_locations, score_caption
-from sat_core.domain import DomainCheck, DomainReference, mean_annotations
+from sat_core.evaluation.domain import DomainCheck, DomainReference, mean_annotations
 from sat_core.errors import DatasetError, SatError
-from sat_core.evaluate import read_records
+from sat_core.evaluation.evaluate import read_records
 from sat_core.data.images import CropInfo, crop_for_display, load_image, preprocess
 from sat_core.io import write_json_atomic
 from sat_core.paths import list_checkpoints
@@ -313,8 +313,8 @@ def cached_records(ckpt: str, gallery: Gallery, cfg: DecodeConfig) -> dict[str, 
 
 def compute_records(ckpt: str, loaded: LoadedCheckpoint, gallery: Gallery, cfg: DecodeConfig,
                     progress: Any = None) -> dict[str, Any]:
-    """``sat_core.evaluate`` over every image of the gallery, written to the on-disk cache."""
-    from sat_core.evaluate import evaluate
+    """``sat_core.evaluation.evaluate`` over every image of the gallery, written to the on-disk cache."""
+    from sat_core.evaluation.evaluate import evaluate
 
     out = evaluate(loaded, gallery.data, gallery.source.split, cfg, meteor=False, progress=progress, search_errors=True)
     out["source"] = f"computed over {out['n_images']} images of {gallery.note} (beam {cfg.beam_size})"

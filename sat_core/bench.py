@@ -468,7 +468,7 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
     """Best captions in fp32 and bf16 for every image of ``split``: the share that agree, both BLEU-4s."""
     from sat_core.checkpoint import load_checkpoint
     from sat_core.data.karpathy import EvalImages, ImageStore, load_karpathy, normalise
-    from sat_core.metrics import caption_metrics
+    from sat_core.evaluation.metrics import caption_metrics
 
     loaded = load_checkpoint(checkpoint)
     model = loaded.model.to(device).eval()

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from sat_core import card
+from sat_core.evaluation import card
 from sat_core.allocator import keep_freed_memory
 from sat_core import checkpoint as ckpt
 from sat_core.config import DecodeConfig, TrainConfig
@@ -52,7 +52,7 @@ SHIP_MINUTES = 45.0  # the default budget of the whole command
 # Kept free for the test evaluation with search errors, the card and the figure: 0.9 minutes for the 500
 # test scenes on a 2-core Zen 4 (session 17), with room for a slower CPU.
 EVALUATION_MINUTES = 2.5
-# The scenes models are also evaluated off their generator (sat_core.generalisation): the shifted split
+# The scenes models are also evaluated off their generator (sat_core.evaluation.generalisation): the shifted split
 # of this many scenes and six transformed copies of the test split, about 3 more minutes on 2 cores.
 GENERALISATION_SCENES = 500
 GENERALISATION_MINUTES = 4.0
@@ -183,7 +183,7 @@ def package(name: str, cfg: TrainConfig, beam: int | None, out_root: Path, *, re
             checkpoint: str = "best") -> dict[str, Any]:
     """Evaluate ``best/`` (or ``last/``) of the run (or, with ``repackage``, the shipped checkpoint itself) on
     the test split and write the shipped checkpoint folder: card, metrics, records, example figure."""
-    from sat_core.evaluate import evaluate
+    from sat_core.evaluation.evaluate import evaluate
 
     target = out_root / name
     loaded = ckpt.load_checkpoint(target if repackage else Path(cfg.out) / checkpoint)
@@ -192,7 +192,7 @@ def package(name: str, cfg: TrainConfig, beam: int | None, out_root: Path, *, re
     decode = cfg.val if beam is None else dataclasses.replace(cfg.val, beam_size=beam)  # the preset's val settings
     result = evaluate(loaded, data, "test", decode, search_errors=True)
     if name.startswith("scenes_"):  # and off the generator: the shifted split and the transformation suite
-        from sat_core.generalisation import report
+        from sat_core.evaluation.generalisation import report
 
         shifted, suite = ensure_generalisation_sets(cfg)
         result["generalisation"] = report(loaded, decode, result, data, suite_dir=suite, shifted=shifted)
@@ -251,7 +251,7 @@ def _encoder_minutes(cfg: TrainConfig) -> str:
 
 def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dict[str, Any],
                data: KarpathyData | None = None) -> str:
-    """The generic card (sat_core.card) with what only the shipped world models can say about themselves;
+    """The generic card (sat_core.evaluation.card) with what only the shipped world models can say about themselves;
     ``data``: the world the model was evaluated on (else the one the ship generates is described)."""
     tr = metrics["training"]
     scenes = name.startswith("scenes_")

@@ -1,4 +1,4 @@
-"""sat_core.alpha: one definition of each α statistic, the same for torch tensors and numpy arrays."""
+"""sat_core.evaluation.alpha: one definition of each α statistic, the same for torch tensors and numpy arrays."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from sat_core.alpha import alpha_summary, doubly_stochastic, entropy
+from sat_core.evaluation.alpha import alpha_summary, doubly_stochastic, entropy
 
 
 def test_alpha_summary_and_penalty():

@@ -1,10 +1,10 @@
-"""sat_core.analysis: evaluation records summarised per word kind and per slice."""
+"""sat_core.evaluation.analysis: evaluation records summarised per word kind and per slice."""
 
 from __future__ import annotations
 
 import pytest
 
-from sat_core.analysis import count_table, slice_metrics, word_type_correctness
+from sat_core.evaluation.analysis import count_table, slice_metrics, word_type_correctness
 from sat_core.config import DecodeConfig
 from tests.explorer.conftest import explorer_env  # noqa: F401  (a fixture)
 
@@ -35,7 +35,7 @@ def test_word_type_rows_summarise_records_by_kind():
 
 def test_word_type_rows_equal_evaluate_by_kind(explorer_env):
     from sat_core.data.karpathy import load_karpathy
-    from sat_core.evaluate import evaluate
+    from sat_core.evaluation.evaluate import evaluate
 
     data = load_karpathy(explorer_env.world / "dataset.json", explorer_env.world)
     result = evaluate(explorer_env.checkpoint("soft"), data, "test", DecodeConfig(beam_size=2, max_len=10),
@@ -84,7 +84,7 @@ def test_count_table_crosses_what_was_said_with_the_scene():
 
 
 def test_count_table_by_groups_tells_a_pair_alone_from_a_pair_beside_another_object():
-    from sat_core.analysis import count_table_by_groups
+    from sat_core.evaluation.analysis import count_table_by_groups
     from sat_core.worlds.scenes.grounding import ground
     from tests.test_scenes_grounding import TWO_DOGS
 

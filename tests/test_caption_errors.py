@@ -1,10 +1,10 @@
-"""sat_core.caption_errors: labels from the references alone, word kinds learnt from the captions."""
+"""sat_core.evaluation.caption_errors: labels from the references alone, word kinds learnt from the captions."""
 
 from __future__ import annotations
 
 import pytest
 
-from sat_core.caption_errors import WordStats, check_against_references
+from sat_core.evaluation.caption_errors import WordStats, check_against_references
 
 
 def _refs(*texts: str) -> list[list[str]]:

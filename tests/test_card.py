@@ -1,4 +1,4 @@
-"""sat_core.card: training statistics kept in checkpoints; model cards for any evaluated checkpoint."""
+"""sat_core.evaluation.card: training statistics kept in checkpoints; model cards for any evaluated checkpoint."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import shutil
 
 import pytest
 
-from sat_core.card import RECORDS_FILE, model_card, training_statistics
+from sat_core.evaluation.card import RECORDS_FILE, model_card, training_statistics
 from sat_core.checkpoint import CARD_FILE, METRICS_FILE, load_checkpoint
-from sat_core.domain import DomainReference
-from sat_core.evaluate import main, read_records
+from sat_core.evaluation.domain import DomainReference
+from sat_core.evaluate import main
+from sat_core.evaluation.evaluate import read_records
 from tests.test_evaluate import N_TEST, checkpoint, result, world_data  # noqa: F401  (fixtures)
 
 

@@ -1,4 +1,4 @@
-"""sat_core.domain: colour statistics and the encoder's view tell photos from the training world's scenes."""
+"""sat_core.evaluation.domain: colour statistics and the encoder's view tell photos from the training world's scenes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from PIL import Image
 
 from sat_core.worlds import writer
 from sat_core.config import ModelConfig, PreprocessConfig
-from sat_core.domain import ANNOTATION_MARGIN, AnnotationReference, DomainReference, mean_annotations
+from sat_core.evaluation.domain import ANNOTATION_MARGIN, AnnotationReference, DomainReference, mean_annotations
 from sat_core.errors import SatError
 from sat_core.data.images import load_image, preprocess
 from sat_core.models import efficientnet

@@ -13,19 +13,19 @@ import torch
 from sat_core.data import masks
 from sat_core.worlds import writer
 from sat_core.worlds.shapes import scene as shapes
-from sat_core.caption_errors import REFERENCE_LABELS, WordStats
+from sat_core.evaluation.caption_errors import REFERENCE_LABELS, WordStats
 from sat_core.checkpoint import load_checkpoint, save_checkpoint
 from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.data.karpathy import build_vocab, load_karpathy
 from sat_core.decoding import Hypothesis
 from sat_core.errors import DatasetError
-from sat_core.evaluate import (
-    NAMING_KINDS, Decoded, decode_split, evaluate, evaluate_images, image_record, main,
-    score_decoded,
+from sat_core.evaluate import main
+from sat_core.evaluation.evaluate import (
+    NAMING_KINDS, Decoded, decode_split, evaluate, evaluate_images, image_record, score_decoded,
 )
 from sat_core.evaluation.grounding import attention_correctness, ground
 from sat_core.data.images import load_image, preprocess
-from sat_core.metrics import BLEU_KEYS, caption_metrics
+from sat_core.evaluation.metrics import BLEU_KEYS, caption_metrics
 from sat_core.models.captioner import Captioner
 from tests.conftest import tiny_config
 
@@ -288,7 +288,7 @@ def test_cli_user_errors_exit_2(checkpoint, world_data, tmp_path, capsys, change
 
 
 def test_search_errors_compare_the_best_reference_with_the_caption(checkpoint, world_data):
-    from sat_core.evaluate import SEARCH_MARGIN
+    from sat_core.evaluation.evaluate import SEARCH_MARGIN
 
     loaded = load_checkpoint(checkpoint)
     plain = evaluate(loaded, world_data[2], "test", CFG, meteor=False)

@@ -15,8 +15,9 @@ from sat_core.worlds.scenes import transforms
 from sat_core.checkpoint import load_checkpoint, save_checkpoint
 from sat_core.config import PreprocessConfig
 from sat_core.data.karpathy import ImageRecord, KarpathyData, build_vocab, load_karpathy
-from sat_core.evaluate import build_parser, evaluate, main
-from sat_core.generalisation import (
+from sat_core.evaluate import build_parser, main
+from sat_core.evaluation.evaluate import evaluate
+from sat_core.evaluation.generalisation import (
     category_recall, left_right_statements, mirror_agreement, set_figures, warned_share,
 )
 from sat_core.evaluation.grounding import ground
@@ -126,7 +127,7 @@ def test_warned_share_counts_the_images_the_domain_check_warns_about(world_and_m
     warned about and grey noise is."""
     from PIL import Image
 
-    from sat_core.domain import DomainReference
+    from sat_core.evaluation.domain import DomainReference
 
     root, path, _, checkpoint = world_and_model
     loaded = load_checkpoint(checkpoint)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sat_core.alpha import doubly_stochastic
+from sat_core.evaluation.alpha import doubly_stochastic
 from sat_core.config import HardAttentionConfig
 from sat_core.training.losses import MovingBaseline, caption_loss, reinforce_advantage
 

@@ -1,4 +1,4 @@
-"""sat_core.metrics against pycocoevalcap called directly on the same captions."""
+"""sat_core.evaluation.metrics against pycocoevalcap called directly on the same captions."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import warnings
 
 import pytest
 
-from sat_core import metrics
+from sat_core.evaluation import metrics
 from sat_core.errors import SatError
-from sat_core.metrics import METRIC_KEYS, caption_metrics
+from sat_core.evaluation.metrics import METRIC_KEYS, caption_metrics
 
 pytest.importorskip("pycocoevalcap")
 needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="METEOR needs java")

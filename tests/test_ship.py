@@ -26,7 +26,7 @@ def test_card_says_which_world_and_encoder_then_the_generic_sections(name, world
     text = ship.model_card(name, cfg, {"model": cfg.model.to_dict()}, METRICS)
     assert world in text and f"- Encoder: {encoder}" in text
     assert f"preset `sat_core/presets/{ship.preset_path(name).name}`" in text
-    assert "## Model" in text and "| grounded recall | 0.500 |" in text  # from sat_core.card
+    assert "## Model" in text and "| grounded recall | 0.500 |" in text  # from sat_core.evaluation.card
 
 
 def test_every_name_has_a_preset_of_its_world():

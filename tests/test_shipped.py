@@ -79,7 +79,7 @@ def test_a_supervised_model_looks_at_what_it_names_more_than_the_paper_objective
     """On ten newly rendered scenes (not its test split), the shipped model trained with --attention-lambda puts
     more of α on the object each word names than the paper-objective model of its attention, and says it was
     supervised."""
-    from sat_core.evaluate import evaluate
+    from sat_core.evaluation.evaluate import evaluate
 
     plain, supervised = f"scenes_{kind}", f"scenes_{kind}_supervised"
     models = {name: _usable(name) for name in (plain, supervised)}

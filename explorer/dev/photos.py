@@ -22,7 +22,7 @@ from PIL import Image
 
 from sat_core.caption import caption_files
 from sat_core.checkpoint import load_checkpoint
-from sat_core.domain import DomainReference, mean_annotations
+from sat_core.evaluation.domain import DomainReference, mean_annotations
 from sat_core.data.images import load_image, preprocess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

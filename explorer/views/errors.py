@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from sat_core.errors import SatError
-from sat_core.analysis import count_table, count_table_by_groups, slice_metrics, word_type_correctness
+from sat_core.evaluation.analysis import count_table, count_table_by_groups, slice_metrics, word_type_correctness
 
 from explorer import stepping
 from explorer import resources as res

@@ -8,7 +8,7 @@ import streamlit as st
 
 from sat_core import viz
 from sat_core.decoding import DecodeSession, StepView
-from sat_core.alpha import alpha_summary
+from sat_core.evaluation.alpha import alpha_summary
 from sat_core.regions import mask_in_crop
 
 from explorer import maps, stepping

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from sat_core.alpha import alpha_summary, doubly_stochastic
+from sat_core.evaluation.alpha import alpha_summary, doubly_stochastic
 from sat_core.checkpoint import LoadedCheckpoint
 from sat_core.config import HardAttentionConfig, OptimConfig
 from sat_core.decoding import DecodeSession, StepView

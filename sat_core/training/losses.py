@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from sat_core.alpha import doubly_stochastic, entropy
+from sat_core.evaluation.alpha import doubly_stochastic, entropy
 from sat_core.config import HardAttentionConfig
 
 

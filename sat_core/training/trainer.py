@@ -28,7 +28,7 @@ from sat_core.data.karpathy import (
 from sat_core.data.vocab import Vocab
 from sat_core.decoding import beam_search, pick_device
 from sat_core.errors import SatError
-from sat_core.card import annotation_statistics, domain_images, training_statistics
+from sat_core.evaluation.card import annotation_statistics, domain_images, training_statistics
 from sat_core.io import read_tensors, write_json_atomic
 from sat_core.models.captioner import Captioner
 from sat_core.models.encoder import FEATURE_DIMS, Annotations, load_torchvision_weights
@@ -376,7 +376,7 @@ class Trainer:
     # -- validation: free-running decoding, BLEU-4
 
     def validate(self) -> dict[str, float]:
-        from sat_core.metrics import caption_metrics
+        from sat_core.evaluation.metrics import caption_metrics
 
         refs, hyps = {}, {}
         for ids, images in self.val_images:

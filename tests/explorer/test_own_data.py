@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sat_core import train
-from sat_core.caption_errors import REFERENCE_LABELS
+from sat_core.evaluation.caption_errors import REFERENCE_LABELS
 from sat_core.checkpoint import load_checkpoint
 from tests.fixtures_photos import make_photo_set
 
@@ -53,7 +53,7 @@ def test_the_trained_checkpoint_keeps_statistics_of_its_training_data(own):
     assert "dataset_photos.json (train split, 12 images)" in training["domain"]["source"]
     assert len(training["domain"]["features"]) == 12
     # the encoder's view of the same images, as the saved weights make it (the small CNN learns)
-    from sat_core.card import annotation_statistics, domain_images
+    from sat_core.evaluation.card import annotation_statistics, domain_images
     from sat_core.data.karpathy import load_karpathy
 
     loaded = load_checkpoint(own["run"] / "best")

@@ -28,9 +28,9 @@ def open_page(page: str, params=None):
 
 
 def _evaluated_gallery(env, at):
-    """sat_core.evaluate over the gallery's scenes with the sidebar's decoding settings."""
+    """sat_core.evaluation.evaluate over the gallery's scenes with the sidebar's decoding settings."""
     from sat_core.data.karpathy import load_karpathy
-    from sat_core.evaluate import evaluate_images
+    from sat_core.evaluation.evaluate import evaluate_images
 
     data = load_karpathy(env.world / "dataset.json", env.world)
     cfg = DecodeConfig(beam_size=at.sidebar.slider(key="beam").value, max_len=at.sidebar.slider(key="maxlen").value)
@@ -38,7 +38,7 @@ def _evaluated_gallery(env, at):
 
 
 def test_error_analysis_shows_evaluates_records(explorer_env):
-    from sat_core.analysis import word_type_correctness
+    from sat_core.evaluation.analysis import word_type_correctness
 
     at = open_page("errors")
     expected = _evaluated_gallery(explorer_env, at)
@@ -128,7 +128,7 @@ def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkey
     import shutil
 
     from sat_core.data.karpathy import load_karpathy
-    from sat_core.evaluate import evaluate
+    from sat_core.evaluation.evaluate import evaluate
 
     folder = tmp_path / "evaluated"
     shutil.copytree(explorer_env.roots / "tiny-soft", folder)

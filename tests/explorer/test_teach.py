@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sat_core.alpha import doubly_stochastic
+from sat_core.evaluation.alpha import doubly_stochastic
 
 from tests.explorer.test_step import alpha_chart, open_step, plotly_array, reference_session
 

@@ -1,6 +1,6 @@
-"""Summaries of ``sat_core.evaluate`` records for error analysis: per word kind and per slice of images.
+"""Summaries of ``evaluation.evaluate`` records for error analysis: per word kind and per slice of images.
 
-The records themselves are computed in ``sat_core.evaluate`` (the one place); this module only groups them.
+The records themselves are computed in ``evaluation.evaluate`` (the one place); this module only groups them.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sat_core.evaluate import NAMING_KINDS, correctness_by_kind, mean_of_known
+from sat_core.evaluation.evaluate import NAMING_KINDS, correctness_by_kind, mean_of_known
 
 
 def word_type_correctness(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Table rows per word kind over ``sat_core.evaluate`` records: words matched to one object, mean α
+    """Table rows per word kind over ``evaluation.evaluate`` records: words matched to one object, mean α
     share on it, mean uniform baseline, mean α entropy against the mean entropy of the objects' masks (α spread
     over the object as its mask covers the cells), mean α shares on the scene's other objects and on the background
     beside the named one (None in records from before they were kept), and whether the kind enters the headline

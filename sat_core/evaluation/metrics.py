@@ -1,6 +1,6 @@
 """Caption metrics: BLEU-1..4, METEOR, ROUGE-L and CIDEr from pycocoevalcap.
 
-This is the one metrics path: training's validation hook, ``sat_core.evaluate`` and the
+This is the one metrics path: training's validation hook, ``evaluation.evaluate`` and the
 explorer all call :func:`caption_metrics`, so every number in the project comes from the
 standard COCO caption evaluation code.
 

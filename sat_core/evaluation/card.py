@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from PIL import Image
 
-from sat_core.caption_errors import WordStats
+from sat_core.evaluation.caption_errors import WordStats
 from sat_core.checkpoint import CARD_FILE, METRICS_FILE, LoadedCheckpoint
 from sat_core.config import PreprocessConfig
 from sat_core.data.karpathy import KarpathyData
-from sat_core.domain import AnnotationReference, DomainReference, mean_annotations
+from sat_core.evaluation.domain import AnnotationReference, DomainReference, mean_annotations
 from sat_core.errors import ImageError
 from sat_core.data.images import load_image, preprocess
 from sat_core.io import atomic_write, write_json_atomic
@@ -124,7 +124,7 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
     return "\n".join(lines) + "\n"
 
 
-# The generalisation table's rows: (label, key of sat_core.generalisation.set_figures).
+# The generalisation table's rows: (label, key of sat_core.evaluation.generalisation.set_figures).
 _GENERALISATION_ROWS = (
     ("object precision", "precision"), ("object recall", "recall"), ("category recall", "category_recall"),
     ("count accuracy", "count_accuracy"), ("relation accuracy", "relation_accuracy"),
@@ -135,7 +135,7 @@ _GENERALISATION_ROWS = (
 
 
 def generalisation_lines(figures: dict[str, dict[str, Any]] | None) -> list[str]:
-    """The card's section on the sets off the generator (``sat_core.generalisation``): one column per set."""
+    """The card's section on the sets off the generator (``sat_core.evaluation.generalisation``): one column per set."""
     if not figures:
         return []
     names = list(figures)

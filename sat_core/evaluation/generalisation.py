@@ -71,7 +71,7 @@ def set_figures(result: dict[str, Any], data: KarpathyData) -> dict[str, Any]:
 def warned_share(loaded: LoadedCheckpoint, data: KarpathyData, indices: Sequence[int]) -> float | None:
     """The share of the images that the explorer's out-of-domain check (``domain.DomainReference``, the
     checkpoint's own training statistics) warns about; None where the checkpoint stored none."""
-    from sat_core.domain import DomainReference, mean_annotations
+    from sat_core.evaluation.domain import DomainReference, mean_annotations
     from sat_core.data.images import load_and_preprocess
 
     stored = (loaded.config.get("training") or {}).get("domain")
@@ -169,7 +169,7 @@ def report(loaded: LoadedCheckpoint, cfg: DecodeConfig, result: dict[str, Any], 
            limit: int | None = None, batch_size: int = 32) -> dict[str, dict[str, Any]]:
     """{set name: figures} for the in-distribution ``result`` (``evaluate.evaluate``'s, on ``data``; named by its
     split) and each set of ``find_sets``, every set decoded and scored by ``evaluate.evaluate_images``."""
-    from sat_core.evaluate import evaluate_images
+    from sat_core.evaluation.evaluate import evaluate_images
 
     split = result.get("split", "test")
     out = {split: set_figures(result, data)}
