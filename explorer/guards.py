@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import streamlit as st
 
 from sat_core.checkpoint import LoadedCheckpoint
 from sat_core.config import DecodeConfig
-from sat_core.decoding import Hypothesis, Intervention
+from sat_core.decoding import Hypothesis, Intervention, ScoredCaption
 from sat_core.data.masks import rle_decode
 
 from explorer import resources as res
@@ -49,6 +51,31 @@ def beams(ctx: Context, loaded: LoadedCheckpoint | None = None, *, cfg: DecodeCo
     image = image_for(ctx, loaded)
     return res.decode(res.stamp(loaded.path), image.key, cfg or ctx.decode, region_key, loaded,
                       image.tensor, intervention)
+
+
+def read_back(ctx: Context, hyp: Hypothesis, loaded: LoadedCheckpoint | None = None) -> ScoredCaption:
+    """The numbers every page shows for a decoded caption: its words read back by teacher forcing in fp32
+    (``res.NUMBERS_PRECISION``), the computation Step through, Score and How it works also make. Beam search may run
+    in bf16 and picks the words; p, log p, α and β of those words come from here, so they agree to every shown digit
+    on every page. A caption cut at the length cap has no <end> step."""
+    loaded = loaded or ctx.loaded
+    image = image_for(ctx, loaded)
+    scored = res.score(res.stamp(loaded.path), image.key, tuple(hyp.tokens), loaded, image.tensor)
+    if hyp.finished:
+        return scored
+    n = len(scored.tokens) - 1  # drop the <end> that teacher forcing appends
+    return dataclasses.replace(scored, tokens=scored.tokens[:n], logprobs=scored.logprobs[:n],
+                               alphas=scored.alphas[:n], betas=scored.betas[:n])
+
+
+def decoding_line(ctx: Context, loaded: LoadedCheckpoint | None = None) -> str:
+    """How the pages' captions of ``loaded`` (the sidebar's model by default) are decoded, in words."""
+    from explorer.components.text import decoding_note
+
+    loaded = loaded or ctx.loaded
+    d = ctx.decode
+    return decoding_note(d.beam_size, d.length_norm, d.max_len, evaluated=(loaded.beam_size, loaded.length_norm),
+                         hard_mode=d.hard_mode if loaded.model.hard else "expect", seed=d.seed)
 
 
 def object_masks(image: PreparedImage) -> list[np.ndarray]:

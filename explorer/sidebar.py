@@ -13,6 +13,7 @@ from sat_core.precision import describe, resolve
 
 from explorer import resources as res
 from explorer import state
+from explorer.components.text import draw_supervised_badge
 from explorer.maps import METHODS, NORMS, MapSettings
 from explorer.settings import DataSource, ServerSettings, source_for
 
@@ -56,10 +57,24 @@ def _checkpoint_ui(settings: ServerSettings) -> tuple[dict[str, str], str | None
     return names, name, loaded, None
 
 
+def paper_decoding(loaded) -> dict:
+    """The widgets' values for the paper's decoding of this checkpoint: plain beam search with the beam and length
+    normalisation its figures were measured with, the expectation α for hard attention."""
+    return {"beam": loaded.beam_size, "lnorm": loaded.length_norm, "maxlen": DecodeConfig().max_len,
+            "hard_mode": "expect"}
+
+
 def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
     st.sidebar.subheader("Decoding")
     if loaded is not None:  # the decoding the checkpoint's figures were measured with
         state.follow_checkpoint(name, {"beam": loaded.beam_size, "lnorm": loaded.length_norm})
+        paper = paper_decoding(loaded)
+        st.sidebar.button("The paper's decoding", key="paper_decoding", width="stretch",
+                          disabled=all(st.session_state.get(k) == v for k, v in paper.items()),
+                          on_click=lambda: st.session_state.update(paper),
+                          help=f"Plain beam search as the checkpoint was evaluated: beam {paper['beam']}, length "
+                               f"normalisation {paper['lnorm']:g}, at most {paper['maxlen']} words, expectation α for "
+                               "hard attention.")
     for key, low, high in (("beam", 1, 10), ("maxlen", 3, 40), ("lnorm", 0.0, 1.0)):
         state.clamp(key, low, high)
     beam = st.sidebar.slider("Beam size", 1, 10, key="beam",
@@ -174,6 +189,8 @@ def draw_sidebar(settings: ServerSettings) -> state.Context:
     state.restore_from_url()
     state.apply_pending()
     names, name, loaded, ckpt_error = _checkpoint_ui(settings)
+    if loaded is not None and loaded.optim is not None and loaded.optim.attention_lambda > 0:
+        draw_supervised_badge(loaded.optim.attention_lambda)  # at the top of every page
     decode = _decoding_ui(name, loaded)
     data = source_for(settings.source, loaded.model_config.encoder if loaded is not None else None)
     gallery, gallery_error, image, image_error, source = _image_ui(data, loaded)

@@ -54,3 +54,31 @@ def draw_references(references: Sequence[str]) -> None:
     if references:
         with st.expander(f"Reference captions ({len(references)})", expanded=True):
             st.markdown("\n".join(f"{k}. {r}" for k, r in enumerate(references, 1)))
+
+
+def decoding_note(beam: int, length_norm: float, max_len: int, *, evaluated: tuple[int, float] | None = None,
+                  hard_mode: str = "expect", seed: int = 0) -> str:
+    """How a caption was decoded, in words: the search, its settings, and whether that is the checkpoint's own
+    (evaluated) decoding — plain beam search of the paper's model, as the paper decodes."""
+    search = "greedy decoding (beam size 1)" if beam == 1 else f"beam search, beam size {beam}"
+    norm = "no length normalisation" if length_norm == 0 else f"length normalisation {length_norm:g}"
+    text = f"Decoded by {search}, {norm}, at most {max_len} words"
+    if hard_mode == "sample":
+        text += f", one sampled attention location per step (seed {seed})"
+    if evaluated is None or (beam, length_norm) == evaluated and hard_mode == "expect":
+        return text + ": the paper's decoding (plain beam search of the paper's model, as the checkpoint was evaluated)."
+    changed = f"beam {evaluated[0]}, length normalisation {evaluated[1]:g}"
+    return text + (f": changed in the sidebar from the decoding the checkpoint was evaluated with ({changed}); "
+                   "*The paper's decoding* in the sidebar goes back to it.")
+
+
+def supervised_note(attention_lambda: float) -> str:
+    return (f"**Not in the paper:** this model's attention was also trained on the objects' masks (supervised "
+            f"attention, λ_a = {attention_lambda:g}; Liu et al., 2017). Its α maps show where it was taught to look, "
+            "not only what it learnt from the captions.")
+
+
+def draw_supervised_badge(attention_lambda: float) -> None:
+    st.badge("Not in the paper: supervised attention", icon=":material/warning:", color="orange")
+    st.caption(supervised_note(attention_lambda))
+

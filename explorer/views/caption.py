@@ -19,7 +19,7 @@ from explorer.components import text
 from explorer.components.figures import draw_alpha
 from explorer.components.images import draw_crop_view
 from explorer.components.text import draw_domain_warning, draw_help, draw_references
-from explorer.guards import beams, need_image, need_model, read_back
+from explorer.guards import beams, decoding_line, need_image, need_model, read_back
 from explorer.maps import MapSettings
 from explorer.resources import PreparedImage
 from explorer.state import context, keep_choice, write_url
@@ -99,6 +99,7 @@ def main() -> None:
         cut = "" if best.finished else (f" … *(cut at the length cap of {ctx.decode.max_len} words: raise "
                                         "Max length in the sidebar to let it finish)*")
         st.markdown(f"**Caption:** {best.caption}{cut}")
+        st.caption(decoding_line(ctx))
         confidence = math.exp(numbers.logprob / max(1, len(numbers.tokens)))
         m1, m2, m3 = st.columns(3)
         m1.metric("log p(caption)", f"{numbers.logprob:.2f}")

@@ -18,8 +18,8 @@ from explorer import maps
 from explorer import resources as res
 from explorer.components.figures import alpha_figure
 from explorer.components.marks import add_location_marks
-from explorer.components.text import draw_caption, draw_help
-from explorer.guards import beams, image_for, need_image
+from explorer.components.text import draw_caption, draw_help, supervised_note
+from explorer.guards import beams, decoding_line, image_for, need_image
 from explorer.state import Context, clamp, context, keep_choice
 
 SOURCES = {"soft": "the left model's caption", "hard": "the right model's caption", "reference": "a reference",
@@ -69,7 +69,8 @@ def caption_ui(ctx: Context, models: list[tuple[str, LoadedCheckpoint]]) -> str:
         if source in ("soft", "hard"):
             name, loaded = models[0 if source == "soft" else 1]
             hyp = beams(ctx, loaded)[0]
-            st.markdown(f"{name}'s caption (beam {ctx.decode.beam_size}, as on *Caption*): **{hyp.caption}**")
+            st.markdown(f"{name}'s caption (as on *Caption*): **{hyp.caption}**")
+            st.caption(decoding_line(ctx, loaded))
             return hyp.caption
         if source == "reference":
             keep_choice("cmp_ref", list(range(len(references))))
@@ -95,6 +96,8 @@ def draw_side(ctx: Context, name: str, loaded: LoadedCheckpoint, scored: ScoredC
     hard = loaded.model.hard
     words = [*scored.words, "<end>"]
     st.markdown(f"#### {name} · {'hard' if hard else 'soft'} attention")
+    if loaded.optim is not None and loaded.optim.attention_lambda > 0:
+        st.caption(supervised_note(loaded.optim.attention_lambda))
     overlay = maps.overlay_on_scale(image.crop, scored.alphas[t], scored.grid, ctx.maps, scale)
     alpha = scored.alphas[t].reshape(scored.grid)  # (gh, gw)
     fig = alpha_figure(overlay, alpha, title=f"step {t + 1}: “{words[t]}”", scale=scale)

@@ -17,7 +17,7 @@ from explorer import resources as res
 from explorer.components.figures import draw_alpha
 from explorer.components.regions import region_figure, selection_cells
 from explorer.components.text import draw_help
-from explorer.guards import beams, need_image, need_model, object_label, object_masks
+from explorer.guards import beams, decoding_line, need_image, need_model, object_label, object_masks
 from explorer.resources import PreparedImage
 from explorer.state import Context, clamp, context, keep_choice
 
@@ -158,6 +158,8 @@ def main() -> None:
         draw_result("Where the model looked", original, image, ctx, region, "ew_original")
     with c2:
         draw_result(f"{MODES[mode]}", changed, image, ctx, region, "ew_changed")
+    st.caption(f"Both captions: {decoding_line(ctx)[0].lower()}{decoding_line(ctx)[1:]} The right one decodes "
+               "the same way with the intervention on α.")
     st.subheader("Word by word")
     if before is None:
         st.info("The original caption is empty; there are no words to compare.")

@@ -119,6 +119,17 @@ def _as_evaluated(loaded, cfg) -> bool:
     return all(getattr(cfg, name) == getattr(made, name) for name in followed)
 
 
+def records_decoding(data: dict, loaded, cfg) -> str:
+    """How the records' captions were decoded: the stored evaluation's beam, else the sidebar's decoding."""
+    from explorer.components.text import decoding_note
+
+    beam = data.get("beam", cfg.beam_size)
+    stored = "stored with the checkpoint" in str(data.get("source", ""))
+    length_norm = loaded.length_norm if stored else cfg.length_norm
+    max_len = (loaded.metrics or {}).get("max_len", cfg.max_len) if stored else cfg.max_len
+    return "Captions: " + decoding_note(beam, length_norm, max_len, evaluated=(loaded.beam_size, loaded.length_norm))
+
+
 def load_records(ctx, loaded, cfg) -> dict:
     """Records of every image of the dataset split: stored with the checkpoint (when the sidebar decodes as
     they were made), cached on disk, or computed now with a progress bar (then cached on disk for this
@@ -152,6 +163,7 @@ def main() -> None:
     data = load_records(ctx, loaded, cfg)
     records = data.get("records") or []
     st.caption(f"{len(records)} images · records: {data.get('source', 'eval_records.json')}")
+    st.caption(records_decoding(data, loaded, cfg))
     draw_summaries(data, len(records))
     table = filter_ui(records_table(records, ctx.gallery))
     st.markdown(f"**{len(table)} images match.** Select a row to open its image in *Step through*, stopped at "

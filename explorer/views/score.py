@@ -16,7 +16,7 @@ from explorer import maps
 from explorer import resources as res
 from explorer.components.figures import logprob_figure
 from explorer.components.text import draw_help
-from explorer.guards import beams, need_image, need_model, read_back
+from explorer.guards import beams, decoding_line, need_image, need_model, read_back
 from explorer.resources import PreparedImage
 from explorer.state import Context, context, keep_choice
 
@@ -118,6 +118,7 @@ def main() -> None:
         draw_scored("Your caption", yours, image, ctx, "yours", loaded.vocab, y_range)
     with right:
         draw_scored(f"The model's decode: {own.caption}", model, image, ctx, "own", loaded.vocab, y_range)
+        st.caption(decoding_line(ctx))
     draw_help("Teacher forcing", (
         "Each word is fed to the decoder as the previous word of the next step, whatever the model would have "
         "said, so every word gets log p(y_t | a, y_<t) and its own α_t. The last row is the probability of "

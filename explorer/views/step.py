@@ -14,7 +14,7 @@ from sat_core.regions import mask_in_crop
 from explorer import maps, stepping
 from explorer.components.figures import draw_alpha, draw_topk
 from explorer.components.text import crop_note, draw_caption, draw_help, draw_references
-from explorer.guards import need_image, need_model, object_masks
+from explorer.guards import decoding_line, need_image, need_model, object_masks
 from explorer.maps import MapSettings
 from explorer.resources import PreparedImage
 from explorer.state import Context, context, write_url
@@ -181,7 +181,9 @@ def main() -> None:
                        "shows and error analysis scored — even where it is not the most probable word of its step. "
                        "Off: **Next** takes the most probable word (greedy decoding, beam size 1), so the caption "
                        "built here can differ from the Caption page's.")
-        if not stepping.following(ctx):
+        if stepping.following(ctx):
+            st.caption(f"The caption followed: {decoding_line(ctx)[0].lower()}{decoding_line(ctx)[1:]}")
+        else:
             st.caption(f"**Next** takes the most probable word (greedy decoding, beam size 1); the Caption page "
                        f"searches with beam size {ctx.decode.beam_size}, so its caption can differ from the one built "
                        "here.")
