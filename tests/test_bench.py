@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sat_core import bench, native
+from sat_core.benchmarks import graphs, measure
 
 
 def _precisions() -> list[str]:
@@ -90,7 +91,7 @@ def test_compile_quick_agrees_with_the_eager_block(tmp_path, capsys):
 
 
 def test_peak_memory_sees_an_allocation():
-    with bench.PeakMemory(torch.device("cpu")) as mem:
+    with measure.PeakMemory(torch.device("cpu")) as mem:
         block = torch.ones(64, 2**20 // 4)  # 64 MiB, every page touched
         del block
     assert 50 < mem.mb < 1000
@@ -111,7 +112,7 @@ def test_graph_refused_on_cpu(capsys):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graph_replay_matches_eager_on_cuda():
-    rows = bench.run_graph(torch.device("cuda"), quick=True, precision="all")
+    rows = graphs.run_graph(torch.device("cuda"), quick=True, precision="all")
     assert {r["precision"] for r in rows} == {"fp32", "bf16"} and len(rows) == 4
     for r in rows:
         assert r["graph_max_diff"] < 1e-3  # the same kernels replayed: the same logits
