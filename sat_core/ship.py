@@ -311,9 +311,9 @@ _SCENES_CHOICES = (
     "per-caption sum), hard attention with REINFORCE (λ_r = 1, moving-average baseline, entropy λ_e = 0.01, the "
     "expectation α in place of a sample for half the captions). Decoded by plain beam search with length "
     "normalisation.",
-    "- Recipe choices that change neither the model nor the objective: ImageNet-pretrained EfficientNet-Lite0 with "
-    "its last three blocks fine-tuned (learning rate × 0.1), Adam with a cosine schedule, batches of 64 images, "
-    "the scenes world's degraded training pictures (about a third: JPEG, grayscale, blur, exposure).",
+    "- Recipe choices that change neither the model nor the objective: ImageNet-pretrained EfficientNet-Lite0 read "
+    "at its stride-16 stage and frozen (as the paper froze its VGG), Adam with a cosine schedule, batches of 64 "
+    "captions, the scenes world's degraded training pictures (about a third: JPEG, grayscale, blur, exposure).",
     "- Fixed before training and read on no split: every setting above, beam 3 and length normalisation 1. Chosen "
     "on the validation split: the shipped epoch (table below). The test split and the sets off the generator were "
     "read once, after that choice.",
