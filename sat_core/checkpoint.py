@@ -62,9 +62,10 @@ def save_checkpoint(
     trainer's resumable state, so the weights and that state can never come from different steps.
     """
     directory = Path(directory)
-    extras = {**(extra_json or {}), **(extra_tensors or {})}
+    extra_json, extra_tensors = extra_json or {}, extra_tensors or {}
+    extras = {**extra_json, **extra_tensors}
     bad = [n for n in extras if n in CHECKPOINT_FILES or Path(n).name != n or n.startswith(".")]
-    if bad or len(extras) != len(extra_json or {}) + len(extra_tensors or {}):
+    if bad or len(extras) != len(extra_json) + len(extra_tensors):
         raise ValueError(f"extra file names must be distinct plain names, not {bad or sorted(extras)}")
     if model_config.vocab_size != len(vocab):
         raise ValueError(
@@ -72,7 +73,6 @@ def save_checkpoint(
         )
     state = {k: v.to(dtype) if dtype is not None and v.is_floating_point() else v
              for k, v in model.state_dict().items()}
-    stored = str(dtype or torch.float32).removeprefix("torch.")
     config = {
         "format": FORMAT,
         "model": model_config.to_dict(),
@@ -80,7 +80,7 @@ def save_checkpoint(
         "preprocess": preprocess.to_dict(),
         "training": training or {},
         "metrics": metrics or {},
-        "weights_dtype": stored,
+        "weights_dtype": str(dtype or torch.float32).removeprefix("torch."),
     }
     json.dumps(config)  # fail on a non-JSON value before anything touches the disk
     _check_replaceable(directory)
@@ -88,24 +88,31 @@ def save_checkpoint(
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
     try:
         os.chmod(staging, 0o755)  # mkdtemp makes it private; a checkpoint is meant to be shared
-        # One metadata key: safetensors writes its metadata map in no fixed order, so with two keys the same
-        # weights could be saved as different bytes (the stored dtype is each tensor's own, and in config.json).
-        save_tensors_atomic(staging / WEIGHTS_FILE, state, {"format": FORMAT})
-        write_json_atomic(staging / CONFIG_FILE, config)
-        if metrics:
-            write_json_atomic(staging / METRICS_FILE, metrics)
-        if model_card is not None:
-            atomic_write(staging / CARD_FILE, lambda tmp: tmp.write_text(model_card, encoding="utf-8"))
-        for name, obj in (extra_json or {}).items():
-            write_json_atomic(staging / name, obj)
-        for name, tensors in (extra_tensors or {}).items():
-            save_tensors_atomic(staging / name, tensors)
-        fsync_dir(staging)
+        _write_files(staging, state, config, metrics, model_card, extra_json, extra_tensors)
         _swap_into_place(staging, directory)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return directory
+
+
+def _write_files(staging: Path, state: dict[str, torch.Tensor], config: dict[str, Any],
+                 metrics: dict[str, Any] | None, model_card: str | None, extra_json: dict[str, Any],
+                 extra_tensors: dict[str, dict[str, torch.Tensor]]) -> None:
+    """Every file of the checkpoint into the staging folder, each written atomically, then the folder synced."""
+    # One metadata key: safetensors writes its metadata map in no fixed order, so with two keys the same
+    # weights could be saved as different bytes (the stored dtype is each tensor's own, and in config.json).
+    save_tensors_atomic(staging / WEIGHTS_FILE, state, {"format": FORMAT})
+    write_json_atomic(staging / CONFIG_FILE, config)
+    if metrics:
+        write_json_atomic(staging / METRICS_FILE, metrics)
+    if model_card is not None:
+        atomic_write(staging / CARD_FILE, lambda tmp: tmp.write_text(model_card, encoding="utf-8"))
+    for name, obj in extra_json.items():
+        write_json_atomic(staging / name, obj)
+    for name, tensors in extra_tensors.items():
+        save_tensors_atomic(staging / name, tensors)
+    fsync_dir(staging)
 
 
 def _check_replaceable(directory: Path) -> None:

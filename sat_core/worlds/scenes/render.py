@@ -107,6 +107,125 @@ def _wall(rng: np.random.Generator, height: int, kind: str = "plain") -> np.ndar
     return wall
 
 
+# Ground textures: (h, W, 3) at ground-plane coordinates (u, v), from the plane's smooth noise n and fine noise f.
+
+def _grass(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray, n: np.ndarray,
+           f: np.ndarray) -> np.ndarray:
+    """Grass: plain, lush (clumps of clover) or mown (stripes)."""
+    base = np.array([85, 145, 55]) + rng.uniform(-20, 20, 3) * [1, 1, 0.5]
+    if style == "lush":  # darker, with clumps of lighter clover
+        base = base * [0.8, 0.9, 0.8]
+        clumps = np.clip(_sample(smooth_noise(rng, (_TEX, _TEX), 16, 2), u, v, 9.0) * 3 - 1, 0, 1)
+        img = base * (1 + 0.15 * n[..., None] + 0.1 * f[..., None] + 0.25 * clumps[..., None])
+    elif style == "mown":  # striped lawn
+        stripes = np.where(np.mod(u, 2.0) < 1.0, 1.12, 0.9)
+        img = base * (stripes * (1 + 0.05 * n + 0.06 * f))[..., None]
+    else:
+        img = base * (1 + 0.18 * n[..., None] + 0.12 * f[..., None])
+    return img
+
+
+def _sand(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray, n: np.ndarray,
+          f: np.ndarray) -> np.ndarray:
+    """Sand: ripples, dunes or pebbles."""
+    base = np.array([222, 200, 155]) + rng.uniform(-15, 12, 3)
+    if style == "dunes":  # long soft swells
+        swell = np.sin(v * 0.8 + 3.0 * n)
+        img = base * (1 + 0.1 * swell[..., None] + 0.03 * f[..., None])
+    elif style == "pebbles":  # grey stones scattered on darker sand
+        stones = _sample(rng.random((_TEX, _TEX)), u, v, 14.0) > 0.9
+        img = np.where(stones[..., None], np.array([140.0, 135, 130]), base * 0.9 * (1 + 0.05 * f[..., None]))
+    else:
+        ripples = np.sin(v * 3.0 + 1.5 * n + u * 0.3)
+        img = base * (1 + 0.06 * ripples[..., None] + 0.05 * f[..., None] + 0.05 * n[..., None])
+    return img
+
+
+def _snow(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray, n: np.ndarray,
+          f: np.ndarray) -> np.ndarray:
+    """Snow: plain, crust (icy patches) or tracks."""
+    base = np.array([232, 238, 246]) + rng.uniform(-10, 6, 3)
+    if style == "crust":  # icy, blue-grey patches
+        ice = np.clip(n * 2, 0, 1)[..., None]
+        img = base * (1 + 0.02 * f[..., None]) * (1 - 0.12 * ice * np.array([1.0, 0.7, 0.2]))
+    elif style == "tracks":  # ski tracks running into the distance
+        tracks = (np.mod(u + 0.3 * np.sin(v * 0.5), 1.7) < 0.12)[..., None]
+        img = np.where(tracks, base * 0.8, base * (1 + 0.04 * n[..., None]))
+    else:
+        img = base * (1 + 0.05 * n[..., None] + 0.015 * f[..., None])
+    return img
+
+
+def _water(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray, n: np.ndarray,
+           f: np.ndarray) -> np.ndarray:
+    """Water: waves with glints, calm or a teal lake."""
+    base = np.array([50, 115, 175]) + rng.uniform(-20, 20, 3)
+    if style == "calm":  # smooth, darker, a few ripples
+        img = base * 0.9 * (1 + 0.05 * np.sin(v * 4.0 + n)[..., None] + 0.02 * f[..., None])
+    elif style == "lake":  # green-teal, diagonal streaks
+        base = np.array([45, 120, 110]) + rng.uniform(-15, 15, 3)
+        streaks = np.sin((u + v) * 5.0 + 2.0 * n)
+        img = base * (1 + 0.1 * streaks[..., None] + 0.03 * f[..., None])
+    else:
+        waves = np.sin(v * 9.0 + 2.0 * n)
+        img = base * (1 + 0.12 * waves[..., None] + 0.04 * f[..., None])
+        img += 60 * np.clip(waves - 0.85, 0, None)[..., None] * 4  # glints
+    return img
+
+
+def _road(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray, n: np.ndarray,
+          f: np.ndarray) -> np.ndarray:
+    """A road with dashes and verges: asphalt, cobbles or worn."""
+    grey = rng.uniform(75, 110)
+    if style == "cobbles":  # a grid of rounded stones with dark joints
+        cu, cv = np.mod(u * 2.0, 1.0), np.mod(v * 4.0 + 0.5 * np.floor(u * 2.0), 1.0)
+        joint = (np.minimum(cu, 1 - cu) < 0.08) | (np.minimum(cv, 1 - cv) < 0.08)
+        img = (grey + 25) * (1 - 0.45 * joint + 0.06 * f)[..., None] * np.array([1.05, 1.0, 0.92])
+    elif style == "worn":  # patched, lighter asphalt
+        patches = np.clip(n * 3, -1, 1)
+        img = (grey + 20) * (1 + 0.12 * patches + 0.08 * f)[..., None] * np.ones(3)
+    else:
+        img = grey * (1 + 0.05 * n + 0.1 * f)[..., None] * np.ones(3)
+    half = rng.uniform(2.5, 4.0)  # road half-width in plane units
+    verge = np.array([95, 140, 60]) if rng.random() < 0.6 else np.array([150, 135, 110])
+    img = np.where((np.abs(u) > half)[..., None], verge * (1 + 0.15 * n[..., None]), img)
+    line = rng.choice([(235, 235, 230), (235, 200, 50)])
+    dashes = (np.abs(u) < 0.08) & (np.mod(v, 1.2) < 0.6)
+    img = np.where(dashes[..., None], np.array(line, float), img)
+    return img
+
+
+def _indoor(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray, n: np.ndarray,
+            f: np.ndarray) -> np.ndarray:
+    """Floor or table: wooden planks, tiles, paint, carpet or cloth."""
+    wood = np.array([165, 112, 70]) if place == "floor" else np.array([190, 140, 95])
+    wood = wood + rng.uniform(-25, 25) + rng.uniform(-8, 8, 3)
+    if style == "tiles":
+        tiles = (np.floor(u * 1.2) + np.floor(v * 6)) % 2
+        img = np.array([215, 212, 205]) * (1 - 0.12 * tiles[..., None] + 0.02 * f[..., None])
+    elif style == "carpet":  # soft, fibrous, one saturated colour
+        colour = np.array(rng.choice([(150, 50, 60), (60, 80, 140), (90, 110, 70)]), float)
+        img = colour * (1 + 0.12 * f[..., None] + 0.08 * n[..., None])
+    elif style == "painted":  # a smooth painted top
+        colour = np.array(rng.choice([(235, 235, 230), (70, 75, 85), (190, 205, 215)]), float)
+        img = colour * (1 + 0.03 * n[..., None] + 0.01 * f[..., None])
+    elif style == "cloth":  # gingham tablecloth
+        check = (np.mod(u, 1.0) < 0.5).astype(float) + (np.mod(v * 5, 1.0) < 0.5)
+        colour = np.array(rng.choice([(200, 50, 50), (50, 90, 180)]), float)
+        img = np.array([245.0, 245, 240]) + (colour - 245) * (check / 2)[..., None]
+    else:
+        width = 0.9 if place == "floor" else 1.6
+        plank = np.floor(u / width)
+        tone = np.sin(plank * 12.9898) * 0.08  # a fixed tone per plank
+        grain = _sample(smooth_noise(rng, (_TEX, _TEX), 4, 3), u * 8, v * 0.5, 6.0)
+        seam = (np.mod(u / width, 1.0) < 0.04) * -0.25
+        img = wood * (1 + tone + 0.08 * grain + seam)[..., None]
+    return img
+
+
+_GROUNDS = {"grass": _grass, "sand": _sand, "snow": _snow, "water": _water, "road": _road}
+
+
 def _ground(place: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray, style: str = "") -> np.ndarray:
     """The ground texture (h, W, 3) at ground-plane coordinates (u, v), in one of the place's styles."""
     style = style or GROUND_STYLES[place][0]
@@ -114,91 +233,7 @@ def _ground(place: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray, 
     fine = rng.standard_normal((_TEX, _TEX)).astype(np.float32)
     n = _sample(tex_noise, u, v, 6.0)
     f = _sample(fine, u, v, 40.0)
-    if place == "grass":
-        base = np.array([85, 145, 55]) + rng.uniform(-20, 20, 3) * [1, 1, 0.5]
-        if style == "lush":  # darker, with clumps of lighter clover
-            base = base * [0.8, 0.9, 0.8]
-            clumps = np.clip(_sample(smooth_noise(rng, (_TEX, _TEX), 16, 2), u, v, 9.0) * 3 - 1, 0, 1)
-            img = base * (1 + 0.15 * n[..., None] + 0.1 * f[..., None] + 0.25 * clumps[..., None])
-        elif style == "mown":  # striped lawn
-            stripes = np.where(np.mod(u, 2.0) < 1.0, 1.12, 0.9)
-            img = base * (stripes * (1 + 0.05 * n + 0.06 * f))[..., None]
-        else:
-            img = base * (1 + 0.18 * n[..., None] + 0.12 * f[..., None])
-    elif place == "sand":
-        base = np.array([222, 200, 155]) + rng.uniform(-15, 12, 3)
-        if style == "dunes":  # long soft swells
-            swell = np.sin(v * 0.8 + 3.0 * n)
-            img = base * (1 + 0.1 * swell[..., None] + 0.03 * f[..., None])
-        elif style == "pebbles":  # grey stones scattered on darker sand
-            stones = _sample(rng.random((_TEX, _TEX)), u, v, 14.0) > 0.9
-            img = np.where(stones[..., None], np.array([140.0, 135, 130]), base * 0.9 * (1 + 0.05 * f[..., None]))
-        else:
-            ripples = np.sin(v * 3.0 + 1.5 * n + u * 0.3)
-            img = base * (1 + 0.06 * ripples[..., None] + 0.05 * f[..., None] + 0.05 * n[..., None])
-    elif place == "snow":
-        base = np.array([232, 238, 246]) + rng.uniform(-10, 6, 3)
-        if style == "crust":  # icy, blue-grey patches
-            ice = np.clip(n * 2, 0, 1)[..., None]
-            img = base * (1 + 0.02 * f[..., None]) * (1 - 0.12 * ice * np.array([1.0, 0.7, 0.2]))
-        elif style == "tracks":  # ski tracks running into the distance
-            tracks = (np.mod(u + 0.3 * np.sin(v * 0.5), 1.7) < 0.12)[..., None]
-            img = np.where(tracks, base * 0.8, base * (1 + 0.04 * n[..., None]))
-        else:
-            img = base * (1 + 0.05 * n[..., None] + 0.015 * f[..., None])
-    elif place == "water":
-        base = np.array([50, 115, 175]) + rng.uniform(-20, 20, 3)
-        if style == "calm":  # smooth, darker, a few ripples
-            img = base * 0.9 * (1 + 0.05 * np.sin(v * 4.0 + n)[..., None] + 0.02 * f[..., None])
-        elif style == "lake":  # green-teal, diagonal streaks
-            base = np.array([45, 120, 110]) + rng.uniform(-15, 15, 3)
-            streaks = np.sin((u + v) * 5.0 + 2.0 * n)
-            img = base * (1 + 0.1 * streaks[..., None] + 0.03 * f[..., None])
-        else:
-            waves = np.sin(v * 9.0 + 2.0 * n)
-            img = base * (1 + 0.12 * waves[..., None] + 0.04 * f[..., None])
-            img += 60 * np.clip(waves - 0.85, 0, None)[..., None] * 4  # glints
-    elif place == "road":
-        grey = rng.uniform(75, 110)
-        if style == "cobbles":  # a grid of rounded stones with dark joints
-            cu, cv = np.mod(u * 2.0, 1.0), np.mod(v * 4.0 + 0.5 * np.floor(u * 2.0), 1.0)
-            joint = (np.minimum(cu, 1 - cu) < 0.08) | (np.minimum(cv, 1 - cv) < 0.08)
-            img = (grey + 25) * (1 - 0.45 * joint + 0.06 * f)[..., None] * np.array([1.05, 1.0, 0.92])
-        elif style == "worn":  # patched, lighter asphalt
-            patches = np.clip(n * 3, -1, 1)
-            img = (grey + 20) * (1 + 0.12 * patches + 0.08 * f)[..., None] * np.ones(3)
-        else:
-            img = grey * (1 + 0.05 * n + 0.1 * f)[..., None] * np.ones(3)
-        half = rng.uniform(2.5, 4.0)  # road half-width in plane units
-        verge = np.array([95, 140, 60]) if rng.random() < 0.6 else np.array([150, 135, 110])
-        img = np.where((np.abs(u) > half)[..., None], verge * (1 + 0.15 * n[..., None]), img)
-        line = rng.choice([(235, 235, 230), (235, 200, 50)])
-        dashes = (np.abs(u) < 0.08) & (np.mod(v, 1.2) < 0.6)
-        img = np.where(dashes[..., None], np.array(line, float), img)
-    else:  # floor / table: wooden planks, tiles, paint, carpet or cloth
-        wood = np.array([165, 112, 70]) if place == "floor" else np.array([190, 140, 95])
-        wood = wood + rng.uniform(-25, 25) + rng.uniform(-8, 8, 3)
-        if style == "tiles":
-            tiles = (np.floor(u * 1.2) + np.floor(v * 6)) % 2
-            img = np.array([215, 212, 205]) * (1 - 0.12 * tiles[..., None] + 0.02 * f[..., None])
-        elif style == "carpet":  # soft, fibrous, one saturated colour
-            colour = np.array(rng.choice([(150, 50, 60), (60, 80, 140), (90, 110, 70)]), float)
-            img = colour * (1 + 0.12 * f[..., None] + 0.08 * n[..., None])
-        elif style == "painted":  # a smooth painted top
-            colour = np.array(rng.choice([(235, 235, 230), (70, 75, 85), (190, 205, 215)]), float)
-            img = colour * (1 + 0.03 * n[..., None] + 0.01 * f[..., None])
-        elif style == "cloth":  # gingham tablecloth
-            check = (np.mod(u, 1.0) < 0.5).astype(float) + (np.mod(v * 5, 1.0) < 0.5)
-            colour = np.array(rng.choice([(200, 50, 50), (50, 90, 180)]), float)
-            img = np.array([245.0, 245, 240]) + (colour - 245) * (check / 2)[..., None]
-        else:
-            width = 0.9 if place == "floor" else 1.6
-            plank = np.floor(u / width)
-            tone = np.sin(plank * 12.9898) * 0.08  # a fixed tone per plank
-            grain = _sample(smooth_noise(rng, (_TEX, _TEX), 4, 3), u * 8, v * 0.5, 6.0)
-            seam = (np.mod(u / width, 1.0) < 0.04) * -0.25
-            img = wood * (1 + tone + 0.08 * grain + seam)[..., None]
-    return img
+    return _GROUNDS.get(place, _indoor)(place, style, rng, u, v, n, f)
 
 
 def background(place: str, horizon: int, rng: np.random.Generator,
