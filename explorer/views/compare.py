@@ -137,6 +137,21 @@ def samples_ui(ctx: Context) -> tuple[int, int]:
     return n, seed
 
 
+def scale_ui(scales: list[maps.ColourScale]) -> list[maps.ColourScale]:
+    """The two sides' colour scales: one shared scale, or each its own, as the user picks."""
+    keep_choice("cmp_scale", list(SCALES))
+    how = st.radio("Colour scale", list(SCALES), format_func=SCALES.get, key="cmp_scale", horizontal=True)
+    if how == "shared":
+        scales = [maps.shared_scale(scales)] * 2
+        st.caption(f"**Both maps on one colour scale**: full colour is α = {scales[0].vmax:.3g} "
+                   + ("(the fixed global scale)." if scales[0].gamma != 1.0 else
+                      "(the higher of the two peaks), so the sharper map also looks brighter."))
+    else:
+        st.caption(f"**Each map on its own colour scale** (full colour: α = {scales[0].vmax:.3g} left, "
+                   f"{scales[1].vmax:.3g} right): compare where they look, not how sharply.")
+    return scales
+
+
 def main() -> None:
     st.title("Soft vs hard")
     ctx = context()
@@ -174,17 +189,7 @@ def main() -> None:
     if scored[0].unknown:
         st.warning(f"Not in the vocabulary, read as <unk>: {', '.join(dict.fromkeys(scored[0].unknown))}")
     n, seed = samples_ui(ctx) if any(m.model.hard for _, m in models) else (0, 0)
-    scales = [side_scale(ctx, m, sc, t) for (_, m), sc in zip(models, scored)]
-    keep_choice("cmp_scale", list(SCALES))
-    how = st.radio("Colour scale", list(SCALES), format_func=SCALES.get, key="cmp_scale", horizontal=True)
-    if how == "shared":
-        scales = [maps.shared_scale(scales)] * 2
-        st.caption(f"**Both maps on one colour scale**: full colour is α = {scales[0].vmax:.3g} "
-                   + ("(the fixed global scale)." if scales[0].gamma != 1.0 else
-                      "(the higher of the two peaks), so the sharper map also looks brighter."))
-    else:
-        st.caption(f"**Each map on its own colour scale** (full colour: α = {scales[0].vmax:.3g} left, "
-                   f"{scales[1].vmax:.3g} right): compare where they look, not how sharply.")
+    scales = scale_ui([side_scale(ctx, m, sc, t) for (_, m), sc in zip(models, scored)])
     cols = st.columns(2)
     for col, (name, loaded), s, scale in zip(cols, models, scored, scales):
         paths = (res.caption_samples(res.stamp(loaded.path), image_for(ctx, loaded).key, text, n, seed, loaded,

@@ -14,7 +14,7 @@ from explorer import resources as res
 from explorer.components.text import draw_help
 from explorer.guards import need_model
 from explorer.resources import Gallery
-from explorer.state import context, keep_choice, set_pending, write_url
+from explorer.state import Context, context, keep_choice, set_pending, write_url
 
 
 def records_table(records: list[dict], gallery: Gallery | None) -> pd.DataFrame:
@@ -155,16 +155,8 @@ def load_records(ctx, loaded, cfg) -> dict:
     return data
 
 
-def main() -> None:
-    st.title("Error analysis")
-    ctx = context()
-    loaded = need_model(ctx)
-    cfg = dataclasses.replace(ctx.decode, hard_mode="expect", seed=0)  # records are deterministic
-    data = load_records(ctx, loaded, cfg)
-    records = data.get("records") or []
-    st.caption(f"{len(records)} images · records: {data.get('source', 'eval_records.json')}")
-    st.caption(records_decoding(data, loaded, cfg))
-    draw_summaries(data, len(records))
+def draw_records_table(records: list[dict], ctx: Context) -> None:
+    """The filterable table of images; a selected row (or the picker) opens in *Step through*."""
     table = filter_ui(records_table(records, ctx.gallery))
     st.markdown(f"**{len(table)} images match.** Select a row to open its image in *Step through*, stopped at "
                 "its first wrong word.")
@@ -183,10 +175,10 @@ def main() -> None:
     if c2.button("Open in step-through", key="err_open_button", disabled=chosen is None):
         open_in_step(by_id[chosen])
     write_url()  # the filters are part of the link
-    st.subheader("Metrics per slice: means of per-image scores")
-    slices = pd.DataFrame(slice_metrics(records)).dropna(axis=1, how="all")  # no grounding: no correctness column
-    st.dataframe(slices, hide_index=True, width="stretch",
-                 column_config={name: st.column_config.NumberColumn(name, format="%.3f") for name in SCORES})
+
+
+def draw_word_types(records: list[dict]) -> None:
+    """Attention correctness and the rest of α per word type."""
     st.subheader("Attention correctness per word type")
     words = word_type_correctness(records)
     if words:
@@ -202,6 +194,10 @@ def main() -> None:
                    "they were kept: evaluate the checkpoint again.")
     else:
         st.info("No generated word could be grounded to an object, so there is no attention correctness to show.")
+
+
+def draw_counts(records: list[dict]) -> None:
+    """What the captions said of how many objects there are, against the scene."""
     for title, rows, about in (
         ("Counts: what the captions said against the scene", count_table(records),
          "Every scored count: a plural mention (\"two dogs\", or \"dogs\" without a number: said "
@@ -218,6 +214,25 @@ def main() -> None:
             st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
                          column_config={"right": st.column_config.NumberColumn("right", format="%.3f")})
             st.caption(about)
+
+
+def main() -> None:
+    st.title("Error analysis")
+    ctx = context()
+    loaded = need_model(ctx)
+    cfg = dataclasses.replace(ctx.decode, hard_mode="expect", seed=0)  # records are deterministic
+    data = load_records(ctx, loaded, cfg)
+    records = data.get("records") or []
+    st.caption(f"{len(records)} images · records: {data.get('source', 'eval_records.json')}")
+    st.caption(records_decoding(data, loaded, cfg))
+    draw_summaries(data, len(records))
+    draw_records_table(records, ctx)
+    st.subheader("Metrics per slice: means of per-image scores")
+    slices = pd.DataFrame(slice_metrics(records)).dropna(axis=1, how="all")  # no grounding: no correctness column
+    st.dataframe(slices, hide_index=True, width="stretch",
+                 column_config={name: st.column_config.NumberColumn(name, format="%.3f") for name in SCORES})
+    draw_word_types(records)
+    draw_counts(records)
     draw_help("What these numbers mean", (
         "CIDEr and BLEU-4 are per-image scores against the image's references (mean per slice; corpus "
         "BLEU pools counts, so the top row can differ). Error labels from the references hold for every dataset: "
