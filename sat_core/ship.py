@@ -10,7 +10,7 @@ the preset ``sat_core/presets/<name>.json`` (or ``--skip-train`` to reuse its ru
 ``eval_records.json``, ``MODEL_CARD.md`` and ``example.png`` (the first test image with its caption
 and an α map per word).
 
-The whole command keeps to ``--minutes`` (45 by default, issue 10's budget on a 2-core CPU): what is left
+The whole command keeps to ``--minutes`` (45 by default: the budget on a 2-core CPU): what is left
 after generating the world, less ``EVALUATION_MINUTES`` for the test evaluation, caps the training
 (``--max-minutes``, which counts reading and encoding the images too; a cosine schedule then ends with
 the last epoch that fits), so a slower machine trains fewer epochs instead of running over.
@@ -37,20 +37,20 @@ from sat_core.errors import SatError
 
 PRESETS = Path(__file__).parent / "presets"
 # The worlds the ship generates when missing. The scenes world has three times the shapes world's training
-# scenes since session 21: on 8,000 the scenes models learnt their training scenes by heart (README).
+# scenes: on 8,000 the scenes models learnt their training scenes by heart (docs/EXPERIMENTS.md).
 WORLDS = {"shapes": {"train": 8000, "val": 400, "test": 500, "seed": 0},
           "scenes": {"train": 24000, "val": 400, "test": 500, "seed": 0}}
 NAMES = ("scenes_soft", "scenes_hard", "scenes_soft_supervised", "scenes_hard_supervised", "shapes_soft", "shapes_hard")
 # The scenes world's caption order each scenes preset trains on (its world folder: the preset's data.images).
-# Both train on the largest-first world since session 20: on block 10's annotations the hard model lost the
-# objects there, on block 7's (its preset's "shallow") it counts best of any model (README).
-# The supervised ones (--attention-lambda, session 24) are the same presets with α also trained on the masks.
+# Both train on the largest-first world: on block 10's annotations the hard model lost the objects there, on
+# block 7's (its preset's "shallow") it counts best of any model (docs/EXPERIMENTS.md).
+# The supervised ones (--attention-lambda) are the same presets with α also trained on the masks.
 CAPTION_ORDER = {"scenes_soft": "largest_first", "scenes_hard": "largest_first",
                  "scenes_soft_supervised": "largest_first", "scenes_hard_supervised": "largest_first"}
 SHIPPED_DTYPE = torch.float16  # what the shipped weights are stored in (half the size of fp32)
 SHIP_MINUTES = 45.0  # the default budget of the whole command
 # Kept free for the test evaluation with search errors, the card and the figure: 0.9 minutes for the 500
-# test scenes on a 2-core Zen 4 (session 17), with room for a slower CPU.
+# test scenes on a 2-core Zen 4, with room for a slower CPU.
 EVALUATION_MINUTES = 2.5
 # The scenes models are also evaluated off their generator (sat_core.evaluation.generalisation): the shifted split
 # of this many scenes and six transformed copies of the test split, about 3 more minutes on 2 cores.
@@ -143,7 +143,7 @@ def training_summary(run_dir: Path, checkpoint: str = "best") -> dict[str, Any]:
     (best | last) of the run holds."""
     epochs = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     setups = [e for e in epochs if e.get("event") == "setup"]
-    # A cosine schedule fitted to --max-minutes (checkpoints written since session 21 also keep it).
+    # A cosine schedule fitted to --max-minutes (logged by the trainer when it shortens the plan).
     plans = [e["epochs"] for e in epochs if e.get("event") == "schedule"]
     epochs = [e for e in epochs if "val" in e]
     if not epochs:

@@ -123,7 +123,7 @@ def test_signal_saves_a_resumable_checkpoint_and_exits_130(world_data, tmp_path,
 
 
 def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(world_data, tmp_path, capsys):
-    """Issue 6: kill -9 loses at most the work since the last checkpoint, and resuming ends identically."""
+    """kill -9 loses at most the work since the last checkpoint, and resuming ends identically."""
     data, images = world_data
     flags = ("--attention", "hard", "--epochs", "2", "--save-every", "2", *WORLD_FLAGS)
     run = tmp_path / "killed"

@@ -6,7 +6,7 @@ Times what a user waits for, with the same functions the app calls:
   caption: uploaded bytes -> load_image -> preprocess -> beam_search -> word_strip -> PNG
   step:    one DecodeSession.step() (the encoder ran when the session started), and
            step + drawing that step's α overlay (what one click on Next costs).
-Prints mean, p50 and p95 in milliseconds. Targets (issue 5): caption < 1 s, step < 100 ms.
+Prints mean, p50 and p95 in milliseconds. Targets: caption < 1 s, step < 100 ms.
 """
 
 from __future__ import annotations

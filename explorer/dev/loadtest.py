@@ -1,6 +1,6 @@
 """A classroom at once: N concurrent browser sessions upload different images and step through them.
 
-    python -m explorer.dev.loadtest [--sessions 30] [--steps 5] [--checkpoint DIR] [--world DIR] [--json OUT]
+    python -m explorer.dev.loadtest [--sessions N] [--steps N] [--checkpoint DIR] [--world DIR] [--json OUT]
 
 Starts the app on 127.0.0.1 twice, each time fresh: first for ONE session (the reference), then for
 ``--sessions`` sessions at once (Playwright contexts in one headless Chromium). Each session opens the
