@@ -6,6 +6,7 @@ for each count word, adjective and noun, so captions and attention can be checke
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 CAPTIONS_PER_IMAGE = 5
@@ -21,3 +22,15 @@ def caption_records(caps: list[list[tuple[str, list[int] | None]]], n: int) -> l
         links = [[t, sorted(ids)] for t, (_, ids) in enumerate(cap) if ids is not None]
         out.append({"tokens": tokens, "raw": " ".join(tokens), "links": links})
     return out
+
+
+def joined(clauses: list[list[Token]], opener: Sequence[str], counts: Iterable[str]) -> list[Token]:
+    """A caption: the opener ("there is" becomes "there are" before one of the plural ``counts``), then the
+    clauses joined by "and"."""
+    words = list(opener)
+    if words == ["there", "is"] and clauses[0][0][0] in set(counts):
+        words = ["there", "are"]
+    tokens: list[Token] = [(w, None) for w in words]
+    for c, clause in enumerate(clauses):
+        tokens += ([("and", None)] if c else []) + clause
+    return tokens

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from sat_core.worlds.references import CAPTIONS_PER_IMAGE, MAX_CAPTION_TOKENS, Token, caption_records
+from sat_core.worlds.references import CAPTIONS_PER_IMAGE, MAX_CAPTION_TOKENS, Token, caption_records, joined
 from sat_core.worlds.scenes.catalog import (
     ACTIONS, CATEGORIES, CONVERSE, NUMBER_WORDS, PLACES, RELATION_PHRASES, RELATION_WORDS, RELATIONS,
 )
@@ -103,13 +103,7 @@ def caption(gs: list[list[dict[str, Any]]], place: str, rng: np.random.Generator
                 continue
         clauses.append(mention(i, len(order) == 1 and rng.random() < 0.5))
         k += 1
-    tokens: list[Token] = []
-    opener = list(_OPENERS[int(rng.choice(len(_OPENERS), p=_OPENER_P))])
-    if opener == ["there", "is"] and clauses[0][0][0] in NUMBER_WORDS.values():
-        opener = ["there", "are"]
-    tokens += [(w, None) for w in opener]
-    for c, clause in enumerate(clauses):
-        tokens += ([("and", None)] if c else []) + clause
+    tokens = joined(clauses, _OPENERS[int(rng.choice(len(_OPENERS), p=_OPENER_P))], NUMBER_WORDS.values())
     if rng.random() < PLACE_P:
         options = PLACES[place]
         tokens += [(w, None) for w in options[int(rng.integers(len(options)))].split()]

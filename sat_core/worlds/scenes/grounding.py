@@ -8,12 +8,10 @@ one-to-one and scores them.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
 
-import numpy as np
-
-from sat_core.worlds.phrases import Relation, phrase_at
+from sat_core.worlds.matching import Labelled, OneToOne, Relation, mean, phrase_at
 from sat_core.worlds.scenes.catalog import (
     COLOURS, COUNT_WORDS, NOUNS, PARTICIPLES, PLACE_WORDS, RELATION_PHRASES, RELATION_WORDS,
 )
@@ -105,16 +103,10 @@ def _match(mentions: list[Mention], objects: list[dict[str, Any]]) -> list[list[
     """One-to-one: right category and colour, then right category (wrong colour), then, for
     mentions still unmatched, an object of the stated colour (wrong category). Mentions stating a
     colour go first so 'a car' does not take the object 'a red car' needs."""
-    used: set[int] = set()
-    matches: list[list[int]] = [[] for _ in mentions]
+    one = OneToOne(len(mentions))
+    matches, take = one.matches, one.take
     order = sorted(range(len(mentions)), key=lambda k: (mentions[k].colour is None, k))
     limit = [m.count if m.count is not None else len(objects) for m in mentions]
-
-    def take(k: int, candidates: list[dict[str, Any]], n: int) -> None:
-        for o in candidates:
-            if len(matches[k]) < n and o["id"] not in used:
-                used.add(o["id"])
-                matches[k].append(o["id"])
 
     for k in order:
         m = mentions[k]
@@ -167,9 +159,10 @@ def _count_items(mentions: list[Mention], matches: list[list[int]], objects: lis
 
 
 @dataclass
-class SceneGrounding:
+class SceneGrounding(Labelled):
     """A caption matched against a scene. Scores are None where nothing could be scored."""
 
+    LABELS: ClassVar[tuple[str, ...]] = ERROR_LABELS
     parsed: Parsed
     matches: list[list[int]]
     precision: float | None  # right mention units (category and colour) / mention units
@@ -183,19 +176,6 @@ class SceneGrounding:
     token_objects: dict[int, list[int]]
     counts: list[CountItem] = field(default_factory=list)  # every scored count, right or wrong
     groups: list[int] = field(default_factory=list)  # the scene's groups of identical objects, sizes largest first
-
-    @property
-    def labels(self) -> list[str]:
-        return [label for label in ERROR_LABELS if self.errors.get(label)]
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["labels"] = self.labels
-        return out
-
-
-def _mean(flags: list[bool]) -> float | None:
-    return float(np.mean(flags)) if flags else None
 
 
 def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | None = None) -> SceneGrounding:
@@ -229,8 +209,8 @@ def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | No
         parsed=parsed, matches=[sorted(ids) for ids in matches],
         precision=len(right) / units if units else None,
         recall=len(named) / len(objects) if objects else None,
-        category_accuracy=_mean(category_ok), colour_accuracy=_mean(colour_ok),
-        count_accuracy=_mean(count_ok), relation_accuracy=_mean(relations), place_accuracy=_mean(places),
+        category_accuracy=mean(category_ok), colour_accuracy=mean(colour_ok),
+        count_accuracy=mean(count_ok), relation_accuracy=mean(relations), place_accuracy=mean(places),
         errors={k: v for k, v in errors.items() if v},
         token_objects={t: sorted(ids) for m, ids in zip(mentions, matches) for t in m.tokens},
         counts=counts, groups=scene_groups(objects),

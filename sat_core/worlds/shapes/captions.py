@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from sat_core.worlds.references import CAPTIONS_PER_IMAGE, MAX_CAPTION_TOKENS, Token, caption_records
+from sat_core.worlds.references import CAPTIONS_PER_IMAGE, MAX_CAPTION_TOKENS, Token, caption_records, joined
 from sat_core.worlds.shapes.scene import CONVERSE, NUMBER_WORDS, RELATION_PHRASES, RELATIONS, SHAPES, relation_holds
 
 _OPENERS = ((), ("there", "is"), ("the", "image", "shows"), ("a", "picture", "of"),
@@ -77,15 +77,8 @@ def _caption(groups: list[list[dict[str, Any]]], rng: np.random.Generator,
                 continue
         clauses.append(mention(i))
         k += 1
-    tokens: list[Token] = []
-    if not plain:
-        opener = list(_OPENERS[int(rng.choice(len(_OPENERS), p=_OPENER_P))])
-        if opener == ["there", "is"] and clauses[0][0][0] in NUMBER_WORDS.values():
-            opener = ["there", "are"]
-        tokens += [(w, None) for w in opener]
-    for c, clause in enumerate(clauses):
-        tokens += ([("and", None)] if c else []) + clause
-    return tokens
+    opener = () if plain else _OPENERS[int(rng.choice(len(_OPENERS), p=_OPENER_P))]
+    return joined(clauses, opener, NUMBER_WORDS.values())
 
 
 def describe(objects: list[dict[str, Any]], rng: np.random.Generator,

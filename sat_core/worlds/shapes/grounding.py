@@ -6,12 +6,10 @@ matches its mentions to the scene's objects one-to-one and scores them.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
 
-import numpy as np
-
-from sat_core.worlds.phrases import Relation, phrase_at
+from sat_core.worlds.matching import Labelled, OneToOne, Relation, mean, phrase_at
 from sat_core.worlds.shapes.scene import (
     COLOURS, COUNT_WORDS, RELATION_PHRASES, RELATION_WORDS, SHAPE_WORDS, SIZE_WORDS, relation_holds,
 )
@@ -98,9 +96,10 @@ def parse_caption(tokens: Sequence[Any]) -> Parsed:
 
 
 @dataclass
-class Grounding:
+class Grounding(Labelled):
     """A caption matched against a scene. Scores are None where nothing could be scored."""
 
+    LABELS: ClassVar[tuple[str, ...]] = ERROR_LABELS
     parsed: Parsed
     matches: list[list[int]]  # per mention: matched object ids
     precision: float | None  # correct mention units / mention units (a count of n is n units)
@@ -113,16 +112,6 @@ class Grounding:
     errors: dict[str, int]  # label -> occurrences, labels from ERROR_LABELS
     token_objects: dict[int, list[int]]  # mention token index -> matched object ids
 
-    @property
-    def labels(self) -> list[str]:
-        """The error labels that occur, in ERROR_LABELS order."""
-        return [label for label in ERROR_LABELS if self.errors.get(label)]
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["labels"] = self.labels
-        return out
-
 
 def _agrees(m: Mention, o: dict[str, Any], attr: str) -> bool:
     value = getattr(m, attr)
@@ -133,16 +122,10 @@ def _match(mentions: list[Mention], objects: list[dict[str, Any]]) -> list[list[
     """One-to-one: exact attributes, then right shape+colour with the wrong size, then (only for
     mentions still unmatched) best partial match sharing shape or colour. Mentions that state a
     size go first so 'a red circle' does not take the object 'a small red circle' needs."""
-    used: set[int] = set()
-    matches: list[list[int]] = [[] for _ in mentions]
+    one = OneToOne(len(mentions))
+    matches, take = one.matches, one.take
     order = sorted(range(len(mentions)), key=lambda k: (mentions[k].size is None,
                                                         mentions[k].colour is None, k))
-
-    def take(k: int, candidates: list[dict[str, Any]], limit: int) -> None:
-        for o in candidates:
-            if len(matches[k]) < limit and o["id"] not in used:
-                used.add(o["id"])
-                matches[k].append(o["id"])
 
     limit = [m.count if m.count is not None else len(objects) for m in mentions]
     for k in order:
@@ -160,10 +143,6 @@ def _match(mentions: list[Mention], objects: list[dict[str, Any]]) -> list[list[
         partial.sort(key=lambda o: -sum(o[a] == getattr(m, a) for a in ("shape", "colour", "size")))
         take(k, partial, m.count if m.count is not None else 2)
     return matches
-
-
-def _mean(flags: list[bool]) -> float | None:
-    return float(np.mean(flags)) if flags else None
 
 
 def _count_items(mentions: list[Mention], matches: list[list[int]],
@@ -229,9 +208,9 @@ def ground(tokens: Sequence[Any], objects: list[dict[str, Any]], place: str | No
         parsed=parsed, matches=[sorted(ids) for ids in matches],
         precision=len(right) / units if units else None,
         recall=len(named) / len(objects) if objects else None,
-        colour_accuracy=_mean(colour_ok), shape_accuracy=_mean(shape_ok),
-        size_accuracy=_mean(size_ok),
-        count_accuracy=_mean(counts), relation_accuracy=_mean(relations),
+        colour_accuracy=mean(colour_ok), shape_accuracy=mean(shape_ok),
+        size_accuracy=mean(size_ok),
+        count_accuracy=mean(counts), relation_accuracy=mean(relations),
         errors={k: v for k, v in errors.items() if v},
         token_objects={t: sorted(ids) for m, ids in zip(mentions, matches) for t in m.tokens},
     )
