@@ -27,7 +27,6 @@ import numpy as np
 from sat_core.data.masks import rle_encode
 from sat_core.worlds.scenes.catalog import CATEGORIES, PLACE_P, Category
 from sat_core.worlds.scenes.render import SIZE, background, light, shadow, styles_for
-from sat_core.worlds.scenes.sprites import sprite
 
 IMAGE_SIZE = SIZE
 MIN_VISIBLE = 0.55  # an occluded object keeps at least this share of its pixels
@@ -72,6 +71,8 @@ class SceneLayout:
 def _resized(code: str, colour: str | None, longest: float) -> tuple[np.ndarray, np.ndarray]:
     """The sprite scaled so its longest side is ``longest`` px: (alpha (h, w), rgb (h, w, 3))."""
     from PIL import Image
+
+    from sat_core.worlds.scenes.sprites import sprite  # here: ``python -m …sprites`` runs before any sprite exists
 
     rgba = sprite(code, colour)
     h, w = rgba.shape[:2]
