@@ -9,8 +9,6 @@ model load.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -53,23 +51,22 @@ def draw_intro() -> None:
 
 
 def log_run(page: str, started: float) -> None:
-    """With SAT_RUN_LOG=FILE (the load test sets it), one JSON line per script run: page, image source,
-    seconds on the server. What a run costs the server, apart from the browsers that drive it."""
-    path = os.environ.get("SAT_RUN_LOG")
-    if not path:
-        return
-    line = {"page": page, "source": st.session_state.get("source"), "seconds": time.perf_counter() - started}
-    with open(path, "a", encoding="utf-8") as out:
-        out.write(json.dumps(line) + "\n")
+    """One line of the run log (``explorer.runlog``, SAT_RUN_LOG) per script run."""
+    from explorer import runlog, stepping
+
+    runlog.record("page", page, time.perf_counter() - started, presses=stepping.take_presses())
 
 
 def main() -> None:
     started = time.perf_counter()
     st.set_page_config(page_title="SAT Explorer", page_icon=":material/visibility:", layout="wide")
     here = Path(__file__).parent
-    pages = [st.Page(here / path, title=title, url_path=url, icon=icon, default=(k == 0))
-             for k, (path, title, url, icon) in enumerate(PAGES)]
-    page = st.navigation(pages)
+    pages = [st.Page(here / path, title=title, url_path=url, icon=icon) for path, title, url, icon in PAGES]
+    # "/" is a hidden page that opens the first one, so every page — the first too — has its own url (/caption).
+    home = st.Page(lambda: None, title=PAGES[0][1], url_path="home", default=True, visibility="hidden")
+    page = st.navigation([home, *pages])
+    if page is home:
+        st.switch_page(pages[0], query_params=st.query_params.to_dict())
     if page.title == PAGES[0][1]:
         draw_intro()  # before the slow imports below: readable within a second of the page opening
     with st.spinner("Loading PyTorch and the checkpoint (the first visit after the server starts takes a few seconds)…"):
@@ -80,9 +77,11 @@ def main() -> None:
 
         keep_freed_memory()  # the server encodes images in batches: keep freed memory (once per process)
         set_context(draw_sidebar(server_settings()))
+    st.session_state["_page_run"] = True  # fragments tell their own reruns from the page's (explorer.runlog)
     try:
         page.run()
     finally:  # st.stop and page switches end a run by raising
+        st.session_state["_page_run"] = False
         log_run(page.title, started)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import streamlit as st
@@ -12,6 +13,7 @@ from sat_core.errors import SatError
 from sat_core.precision import describe, resolve
 
 from explorer import resources as res
+from explorer import runlog
 from explorer import state
 from explorer.components.text import draw_supervised_badge
 from explorer.maps import METHODS, NORMS, MapSettings
@@ -115,6 +117,7 @@ def _image_ui(data: DataSource, loaded) -> tuple:
     state.keep_choice("source", ["Gallery scene", "Upload"])
     source = st.sidebar.radio("Image source", ["Gallery scene", "Upload"], key="source", horizontal=True)
     preprocess = loaded.preprocess if loaded is not None else PreprocessConfig()
+    started = time.perf_counter()
     try:
         if source == "Upload":
             upload = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES, key="upload",
@@ -139,6 +142,10 @@ def _image_ui(data: DataSource, loaded) -> tuple:
         source = (f"scene:{scene}:{record.path}", record.path.name, str(record.path), record)
         return gallery, gallery_error, res.prepare_image(source[0], preprocess, *source[1:]), None, source
     except SatError as err:
+        refused = source[0] if isinstance(source, tuple) else None  # the upload's key
+        if refused is not None and st.session_state.get("_refused") != refused:
+            st.session_state["_refused"] = refused  # logged once per file, not once per rerun (explorer.runlog)
+            runlog.record("refused upload", "sidebar", seconds=time.perf_counter() - started, reason=str(err)[:200])
         return gallery, gallery_error, None, str(err), None
 
 

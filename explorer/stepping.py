@@ -10,6 +10,9 @@ scored — until a forced word leaves it; otherwise it is the most probable word
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
+
 import streamlit as st
 
 from sat_core.decoding import DecodeSession
@@ -73,28 +76,63 @@ def current_session(ctx: Context) -> tuple[DecodeSession, str | None]:
     return session, error
 
 
+PRESSES = "_presses"  # Back / Next presses not yet reported in the run log
+
+
 def next_step() -> None:
     st.session_state[STEP] = int(st.session_state.get(STEP) or 1) + 1
+    st.session_state[PRESSES] = st.session_state.get(PRESSES, 0) + 1
 
 
 def back() -> None:
     st.session_state[STEP] = max(1, int(st.session_state.get(STEP) or 1) - 1)
+    st.session_state[PRESSES] = st.session_state.get(PRESSES, 0) + 1
 
 
-def play() -> None:
-    """Start (or stop) stepping one word per tick of the step view's timer."""
-    st.session_state[PLAYING] = not st.session_state.get(PLAYING, False)
+def apply_presses(moves: list[int]) -> None:
+    """Queued presses from the browser (``components.stepper``), in order: +1 Next, −1 Back."""
+    for move in moves:
+        next_step() if move > 0 else back()
 
 
-def tick(session: DecodeSession) -> bool:
-    """One animation tick: the next word, or stop at the end. True while still playing."""
-    if not st.session_state.get(PLAYING):
-        return False
-    if session.done:
+def take_presses() -> int:
+    """How many presses this run handled (for the run log); counts them as reported."""
+    return int(st.session_state.pop(PRESSES, 0))
+
+
+PLAY_FROM = "_play_from"  # (clock when Play started, the step it started at, seconds a word)
+
+
+def play(interval: float = 1.0) -> None:
+    """Start (or stop) stepping one word every ``interval`` seconds of the clock."""
+    playing = not st.session_state.get(PLAYING, False)
+    st.session_state[PLAYING] = playing
+    if playing:
+        st.session_state[PLAY_FROM] = (time.monotonic(), int(st.session_state.get(STEP) or 1), interval)
+
+
+def play_target(started: float, first: int, interval: float, now: float) -> int:
+    """The step Play should show at ``now``: one word per ``interval`` from ``first``, by the clock, so a late tick
+    catches up instead of slowing the pace (and a tick up to a quarter of a word early still counts)."""
+    return first + max(0, math.floor((now - started) / interval + 0.25))
+
+
+def advance_play(interval: float) -> None:
+    """At a tick of Play, before the session is synced: move to the step the clock asks for."""
+    step = int(st.session_state.get(STEP) or 1)
+    started, first, pace = st.session_state.get(PLAY_FROM) or (time.monotonic(), step, interval)
+    if pace != interval:  # the speed changed while playing: keep the new pace from here
+        started, first = time.monotonic(), step
+        st.session_state[PLAY_FROM] = (started, first, interval)
+    st.session_state[STEP] = max(step, play_target(started, first, interval, time.monotonic()))
+
+
+def stop_at_end(session: DecodeSession) -> bool:
+    """Stop Play once the caption is complete; True when it just stopped."""
+    if st.session_state.get(PLAYING) and session.done:
         st.session_state[PLAYING] = False
-        return False
-    next_step()
-    return True
+        return True
+    return False
 
 
 def notice(text: str) -> None:

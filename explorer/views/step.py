@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 import streamlit as st
@@ -11,7 +13,8 @@ from sat_core.decoding import DecodeSession, StepView
 from sat_core.evaluation.alpha import alpha_summary
 from sat_core.regions import mask_in_crop
 
-from explorer import maps, stepping
+from explorer import maps, runlog, stepping
+from explorer.components import stepper
 from explorer.components.figures import draw_alpha, draw_topk
 from explorer.components.text import crop_note, draw_caption, draw_help, draw_references
 from explorer.guards import decoding_line, need_image, need_model, object_masks
@@ -28,10 +31,11 @@ def draw_controls(session: DecodeSession) -> None:
     playing = bool(st.session_state.get(stepping.PLAYING))
     c1, c2, c3, c4, c5 = st.columns([1, 1, 1, 1.3, 1])
     c1.button("◀ Back", key="step_back", on_click=stepping.back, disabled=len(session.steps) <= 1 or playing,
-              width="stretch", shortcut="Left", help="Previous word (← key)")
+              width="stretch", help="Previous word (← key)")
     c2.button("Next ▶", key="step_next", on_click=stepping.next_step, disabled=session.done or playing,
-              width="stretch", type="primary", shortcut="Right", help="Next word (→ key)")
-    c3.button("⏸ Pause" if playing else "▶ Play", key="step_play", on_click=stepping.play,
+              width="stretch", type="primary", help="Next word (→ key)")
+    speed = SPEEDS.get(st.session_state.get("play_speed"), 1.0)
+    c3.button("⏸ Pause" if playing else "▶ Play", key="step_play", on_click=stepping.play, args=(speed,),
               disabled=session.done and not playing, width="stretch", help="Add one word at a time")
     c4.selectbox("Speed", list(SPEEDS), index=1, key="play_speed", label_visibility="collapsed")
     c5.button("Reset", key="step_reset", on_click=stepping.reset, width="stretch", disabled=playing)
@@ -140,9 +144,25 @@ def draw_error_origin(image: PreparedImage) -> None:
 
 
 def draw_view(ctx: Context, image: PreparedImage, loaded, timer: float | None) -> None:
-    """Everything a step changes; a fragment, so a click or a Play tick reruns only this part."""
+    """Everything a step changes; a fragment, so a click or a Play tick reruns only this part. Its own reruns (not
+    those of the whole page) go to the run log with the presses they handled."""
+    started = time.perf_counter()
+    fragment_run = not st.session_state.get("_page_run")
+    try:
+        _draw_view(ctx, image, loaded, timer)
+    finally:  # in a page run, the page's line counts the presses (app.log_run)
+        if fragment_run:
+            presses = stepping.take_presses()
+            runlog.record("fragment", "Step through", time.perf_counter() - started, presses=presses,
+                          tick=timer is not None and not presses)
+
+
+def _draw_view(ctx: Context, image: PreparedImage, loaded, timer: float | None) -> None:
+    stepping.apply_presses(stepper.pressed("step_keys", "step_next", "step_back"))  # queued ← → and clicks
     if bool(st.session_state.get(stepping.PLAYING)) != (timer is not None):
         st.rerun()  # Play or Pause was clicked: the whole page again, to start or stop the fragment's timer
+    if timer is not None:
+        stepping.advance_play(timer)
     session, error = stepping.current_session(ctx)
     write_url()  # the step may have moved: the link says where the view is
     note = stepping.pop_notice()
@@ -166,7 +186,7 @@ def draw_view(ctx: Context, image: PreparedImage, loaded, timer: float | None) -
                        viz.alphas_json(words, session.alphas, None if loaded.model.hard else session.betas,
                                        session.grid),
                        "steps_alphas.json", "application/json", key="step_json")
-    if st.session_state.get(stepping.PLAYING) and not stepping.tick(session):
+    if stepping.stop_at_end(session):
         st.rerun()  # the end: stop the timer
 
 

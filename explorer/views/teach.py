@@ -11,6 +11,7 @@ from sat_core.config import HardAttentionConfig, OptimConfig
 from sat_core.decoding import DecodeSession, StepView
 
 from explorer import maps, stepping
+from explorer.components import stepper
 from explorer.components.figures import draw_alpha
 from explorer.components.text import draw_caption
 from explorer.guards import need_image, need_model
@@ -154,6 +155,7 @@ def main() -> None:
     loaded = need_model(ctx)
     image = need_image(ctx)
     hard = bool(loaded.model.hard)
+    stepping.apply_presses(stepper.pressed("teach_keys", "teach_next", "teach_back"))  # queued ← → and clicks
     session, error = stepping.current_session(ctx)
     if error:
         st.error(error)

@@ -25,6 +25,7 @@ from tests.explorer.conftest import N_TEST, N_TRAIN, _tiny
 
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "browser"
 TIMEOUT_S = 120.0  # one page or click; generous because the CPU may be shared
+RUN_LOG = ARTIFACTS / "runs.jsonl"  # the app's run log (explorer.runlog) for the whole browser session
 FIRST_PAGE_S = 300.0  # the first page of a fresh server also imports torch and loads the model and gallery
 
 
@@ -78,7 +79,9 @@ def browser_env(tmp_path_factory, chromium) -> BrowserEnv:
 def app_url(browser_env) -> Iterator[str]:
     """The app, found its checkpoints and gallery through the environment, for the whole session."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    env = {"SAT_CHECKPOINT_DIRS": str(browser_env.roots), "SAT_WORLD_DIR": str(browser_env.world)}
+    env = {"SAT_CHECKPOINT_DIRS": str(browser_env.roots), "SAT_WORLD_DIR": str(browser_env.world),
+           "SAT_RUN_LOG": str(RUN_LOG)}
+    RUN_LOG.unlink(missing_ok=True)
     with AppServer(env=env, log=ARTIFACTS / "server.log") as server:
         yield server.url
 

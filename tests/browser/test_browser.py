@@ -6,6 +6,7 @@ shows a stale, wrong or empty caption fails.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -15,9 +16,9 @@ from sat_core.decoding import DecodeSession, beam_search
 from sat_core.data.images import load_image, preprocess
 
 from explorer.dev.browser import (
-    choose_option, choose_upload, click_button, click_key, go_to, shoot, upload, wait_for_text,
+    choose_option, choose_upload, click_button, click_key, go_to, shoot, upload, wait_for_text, wait_idle,
 )
-from tests.browser.conftest import ARTIFACTS, TIMEOUT_S, BrowserEnv
+from tests.browser.conftest import ARTIFACTS, FIRST_PAGE_S, RUN_LOG, TIMEOUT_S, BrowserEnv
 from tests.explorer.conftest import photo_jpeg
 
 pytestmark = pytest.mark.browser
@@ -32,11 +33,12 @@ def expected_caption(env: BrowserEnv, data: bytes) -> str:
     return best.caption or "(empty)"
 
 
-def expected_steps(env: BrowserEnv, data: bytes, n: int) -> list[str]:
+def expected_steps(env: BrowserEnv, data: bytes, n: int, max_len: int = 20) -> list[str]:
     """The first ``n`` greedy words, as the step-through view decodes them."""
     loaded = env.checkpoint("soft")
     tensor, _ = preprocess(load_image(data), loaded.preprocess)
-    session = DecodeSession(loaded.model, loaded.vocab, tensor, DecodeConfig(beam_size=1, max_len=20), top_k=5)
+    session = DecodeSession(loaded.model, loaded.vocab, tensor, DecodeConfig(beam_size=1, max_len=max_len,
+                                                                             precision="fp32"), top_k=5)
     for _ in range(n):
         if not session.done:
             session.step()
@@ -122,3 +124,51 @@ def test_bad_upload_shows_the_message_and_the_next_upload_works(page, browser_en
     assert page.get_by_test_id("stAlertContentError").count() == 0
     assert "looks unlike the images this model was trained on" in main_text(page)  # a photo is far from the training scenes
     shoot(page, ARTIFACTS / "good-upload-after-bad.png")
+    refused = [json.loads(line) for line in RUN_LOG.read_text().splitlines()]
+    refused = [r for r in refused if r["kind"] == "refused upload" and "'holiday.png'" in r["reason"]]
+    assert len(refused) == 1 and "is not an image" in refused[0]["reason"]  # once, not once a rerun
+
+
+def step_number(page) -> int:
+    return int(re.search(r"Step (\d+):", main_text(page)).group(1))
+
+
+def test_rapid_clicks_and_key_presses_are_queued_never_dropped(page, app_url, browser_env):
+    """A class clicks fast: 15 quick clicks on Next move 15 steps, 10 quick ← presses move 10 back."""
+    words = expected_steps(browser_env, browser_env.test_scene(0).read_bytes(), 40, max_len=40)
+    clicks = min(15, len(words) - 1)
+    assert clicks >= 12, words  # the tiny model says enough words for the test to mean something
+    page.goto(f"{app_url}/step?ckpt=tiny-soft&maxlen=40&follow=0")
+    wait_for_text(page, "Step 1:", FIRST_PAGE_S, "the step view")
+    wait_idle(page, TIMEOUT_S, "the step view")
+    logged = len(RUN_LOG.read_text().splitlines()) if RUN_LOG.is_file() else 0
+    box = page.locator(".st-key-step_next button").first.bounding_box()
+    for _ in range(clicks):  # as fast as a hand: 60 ms apart, whatever the server is doing
+        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.wait_for_timeout(60)
+    wait_for_text(page, f"Step {clicks + 1}:", TIMEOUT_S, f"step {clicks + 1} after {clicks} clicks")
+    wait_idle(page, TIMEOUT_S, "the clicks' reruns")
+    assert step_number(page) == clicks + 1
+    running = re.search(rf"Step {clicks + 1}:\s*(.*)", main_text(page)).group(1).split()
+    assert running == words[: clicks + 1]
+    page.get_by_text("Step through").first.click()  # the keys go to the page, not to a widget
+    for _ in range(10):
+        page.keyboard.press("ArrowLeft")
+        page.wait_for_timeout(60)
+    wait_for_text(page, f"Step {clicks + 1 - 10}:", TIMEOUT_S, "ten steps back after ten ← presses")
+    wait_idle(page, TIMEOUT_S, "the presses' reruns")
+    assert step_number(page) == clicks + 1 - 10
+    shoot(page, ARTIFACTS / "step-rapid-clicks.png")
+    runs = [json.loads(line) for line in RUN_LOG.read_text().splitlines()[logged:]]
+    pressed = [r for r in runs if r["page"] == "Step through" and r.get("presses")]
+    assert sum(r["presses"] for r in pressed) == clicks + 10  # every press reached the server, and the log
+    assert any(r["kind"] == "fragment" for r in pressed)  # a click reruns the step view alone
+
+
+def test_the_first_pages_own_url_opens_it(page, app_url):
+    page.goto(f"{app_url}/caption?ckpt=tiny-soft")
+    wait_for_text(page, "log p(caption)", FIRST_PAGE_S, "the Caption page at /caption")
+    wait_idle(page, TIMEOUT_S, "the Caption page")
+    assert "Page not found" not in page.inner_text("body")
+    assert "/caption" in page.url
+

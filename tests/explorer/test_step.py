@@ -50,7 +50,21 @@ def open_step(params=None):
     return at
 
 
-def test_next_back_play_follow_the_decode_session(explorer_env):
+class FakeClock:
+    """time.monotonic for the step view's Play: moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_next_back_play_follow_the_decode_session(explorer_env, monkeypatch):
+    from explorer import stepping
+
+    clock = FakeClock()
+    monkeypatch.setattr(stepping, "time", clock)
     scene = explorer_env.test_ids()[0]
     ref = reference_session(explorer_env, "soft", scene)
     first = ref.step()
@@ -80,6 +94,7 @@ def test_next_back_play_follow_the_decode_session(explorer_env):
     shown = [step_line(at)]
     assert at.button(key="step_play").label == "⏸ Pause" and at.button(key="step_next").disabled
     for _ in range(len(words) + 2):
+        clock.now += 1.0  # the default speed: a word a second
         at.run()  # what the timer does: rerun the step view
         shown.append(step_line(at))
     numbers = [int(line.split(":**")[0].removeprefix("**Step ")) for line in shown]
