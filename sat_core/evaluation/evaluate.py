@@ -225,20 +225,33 @@ def image_record(dec: Decoded, scores: dict[str, float], stats: WordStats) -> tu
     return record, grounding
 
 
-def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """α entropy per generated word over all words and per word kind; attention correctness over naming
-    words, and their α's entropy against that of the objects' masks."""
+# A word no world names is "content" or "function" by the checkpoint's own word statistics (``WordStats``, learnt
+# from its training captions): "astronaut" is content, "the" function, on any dataset.
+SUMMARY_KINDS = (*WORD_KINDS[:-1], "content", "function")
+
+
+def summary_kind(word: str, stats: WordStats) -> str:
+    """The kind a word is summarised under: its world kind, else content / function by ``stats``."""
     from sat_core.evaluation.grounding import word_kind
 
+    kind = word_kind(word)
+    return kind if kind != "function" else ("content" if stats.kind(word) == "content" else "function")
+
+
+def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, Any]],
+                      stats: WordStats | None = None) -> dict[str, Any]:
+    """α entropy per generated word over all words and per word kind (``summary_kind``); attention correctness over
+    naming words, and their α's entropy against that of the objects' masks."""
+    stats = stats or WordStats()
     alphas = [d.hypothesis.alphas[: len(d.hypothesis.words)] for d in decoded if d.hypothesis.words]
     L = decoded[0].hypothesis.alphas.shape[1]
     entropy = alpha.entropy(np.concatenate(alphas)) if alphas else np.zeros(0)
-    kinds = [word_kind(w) for d in decoded for w in d.hypothesis.words]
+    kinds = [summary_kind(w, stats) for d in decoded for w in d.hypothesis.words]
     out: dict[str, Any] = {
         "n_words": int(entropy.size), "regions": L,
         "entropy_nats": _mean(entropy),
         "entropy_normalised": _mean(entropy / math.log(L)) if L > 1 else None,
-        "entropy_by_kind": {k: {"n": len(es), "mean": _mean(es)} for k in WORD_KINDS
+        "entropy_by_kind": {k: {"n": len(es), "mean": _mean(es)} for k in SUMMARY_KINDS
                             if (es := [float(e) for e, kind in zip(entropy, kinds) if kind == k])},
     }
     words = [w for r in records for w in r["words"]]
@@ -270,15 +283,14 @@ def correctness_by_kind(words: Sequence[dict[str, Any]]) -> dict[str, dict[str, 
             for k in WORD_KINDS if (ws := [w for w in words if w["kind"] == k])}
 
 
-def beta_by_kind(decoded: Sequence[Decoded]) -> dict[str, dict[str, float]]:
-    """Mean gate β_t over the generated words of each kind (call only for gated models)."""
-    from sat_core.evaluation.grounding import word_kind
-
+def beta_by_kind(decoded: Sequence[Decoded], stats: WordStats | None = None) -> dict[str, dict[str, float]]:
+    """Mean gate β_t over the generated words of each kind (``summary_kind``; call only for gated models)."""
+    stats = stats or WordStats()
     values: dict[str, list[float]] = {}
     for d in decoded:
         for word, beta in zip(d.hypothesis.words, d.hypothesis.betas):
-            values.setdefault(word_kind(word), []).append(float(beta))
-    return {k: {"n": len(values[k]), "mean": float(np.mean(values[k]))} for k in WORD_KINDS if k in values}
+            values.setdefault(summary_kind(word, stats), []).append(float(beta))
+    return {k: {"n": len(values[k]), "mean": float(np.mean(values[k]))} for k in SUMMARY_KINDS if k in values}
 
 
 def score_decoded(decoded: Sequence[Decoded], *, gated: bool, stats: WordStats,
@@ -299,8 +311,8 @@ def score_decoded(decoded: Sequence[Decoded], *, gated: bool, stats: WordStats,
         "corpus": report.corpus,
         "grounded": aggregate(groundings) if groundings else {},
         **({"search": search_summary(records)} if any("search_error" in r for r in records) else {}),
-        "attention": attention_summary(decoded, records),
-        "beta_by_kind": beta_by_kind(decoded) if gated else {},
+        "attention": attention_summary(decoded, records, stats),
+        "beta_by_kind": beta_by_kind(decoded, stats) if gated else {},
         "notes": list(report.notes) + ([] if gated else ["no gate β in this model (hard attention or gate off)"]),
         "records": records,
     }
@@ -321,11 +333,14 @@ def search_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def word_stats(loaded: LoadedCheckpoint, data: KarpathyData) -> WordStats:
-    """The checkpoint's own word statistics (stored by the trainer), else those of ``data``'s references."""
+    """The checkpoint's own word statistics (stored by the trainer from its training captions), else those of
+    ``data``'s training captions (all of its references when it has no train split)."""
     stored = (loaded.config.get("training") or {}).get("word_stats")
     if stored:
         return WordStats.from_dict(stored)
-    return WordStats.from_references([r.sentences for r in data.images], source=str(data.json_path))
+    train = [r.sentences for r in data.images if r.split == "train"]
+    return WordStats.from_references(train or [r.sentences for r in data.images],
+                                     source=f"{data.json_path} ({'train split' if train else 'all splits'})")
 
 
 def evaluate_images(

@@ -104,3 +104,49 @@ def test_a_named_dataset_that_cannot_be_read_is_reported_not_replaced(own, tmp_p
     at = _app()
     assert any("missing.json" in e.value for e in at.error)
     assert not any("generated" in c.value for c in at.sidebar.caption)
+
+
+def test_reference_labels_never_call_a_function_word_missed(own):
+    """Content words are learnt from the training captions: a caption that is one of its references is not
+    wrong, and an article that only leans on the next word ("an" before "orange") is not "missed"."""
+    from sat_core.evaluation.caption_errors import WordStats, check_against_references
+
+    stats = WordStats.from_dict(load_checkpoint(own["run"] / "best").config["training"]["word_stats"])
+    assert stats.kind("a") == "function"
+    for entry in (e for e in own["doc"]["images"] if e["split"] == "test"):
+        refs = [s["tokens"] for s in entry["sentences"]]
+        for ref in refs:  # every reference, said as the caption
+            check = check_against_references(ref, refs, stats)
+            assert not {"missed_word", "hallucinated_word", "too_short", "too_long"} & set(check.labels), (ref, check)
+    refs = [["an", "orange", "cat", "on", "a", "mat"]] * 3 + [["a", "cat", "on", "a", "mat"]]
+    lifted = WordStats({"an": 50, "orange": 50, "cat": 50, "red": 50}, {"an": 5.0, "orange": 4.0, "cat": 6.0,
+                                                                      "red": 4.0})
+    check = check_against_references(["a", "red", "cat", "on", "a", "mat"], refs, lifted)
+    assert check.missed == ["orange"]  # not "an": its lift is the colour's
+
+
+def test_evaluate_sorts_words_no_world_names_by_the_checkpoints_statistics(own):
+    """The β and entropy lines of sat_core.evaluate: a word no embedded world names is content or function by the
+    checkpoint's own word statistics, not "function" for lack of a world list."""
+    from sat_core.config import DecodeConfig
+    from sat_core.data.karpathy import load_karpathy
+    from sat_core.evaluation.caption_errors import WordStats
+    from sat_core.evaluation.evaluate import evaluate, summary_kind
+
+    loaded = load_checkpoint(own["run"] / "best")
+    stats = WordStats.from_dict(loaded.config["training"]["word_stats"])
+    from sat_core.evaluation.grounding import word_kind
+
+    assert summary_kind("astronaut", stats) == "content"  # no world names it; its training captions do
+    for word in ("the", "of", "with", "in", "astronaut", "coffee"):
+        if word_kind(word) == "function":  # not a world's word: the checkpoint's statistics decide
+            assert summary_kind(word, stats) == stats.kind(word), word
+    assert summary_kind("red", stats) == "colour"  # a world's word keeps its world kind
+    out = evaluate(loaded, load_karpathy(own["data"], own["data"].parent), "test", DecodeConfig(beam_size=1),
+                   meteor=False)
+    said = [w for r in out["records"] for w in r["tokens"]]
+    by_kind = out["attention"]["entropy_by_kind"]
+    content = [w for w in said if summary_kind(w, stats) == "content"]
+    assert by_kind.get("content", {}).get("n", 0) == len(content)
+    if out["beta_by_kind"]:
+        assert sum(v["n"] for v in out["beta_by_kind"].values()) == len(said)
