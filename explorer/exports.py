@@ -10,6 +10,9 @@ from explorer.maps import MapSettings
 from explorer.resources import PreparedImage
 
 
+GIF_SIDE = 720  # px: a GIF frame's side, large enough to fill half a slide
+
+
 def decoding_text(decode: dict) -> str:
     """The decoding settings in one line: enough to decode the same caption again."""
     parts = [f"beam {decode['beam_size']}", f"length normalisation {decode['length_norm']:g}",

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from sat_core import viz
+
+# The figures' text (colour bar titles, slide headers) in DejaVu Sans, which has α, β, Σ and × (LICENSE-DejaVu.txt).
+FONT = Path(__file__).resolve().parent / "assets" / "fonts" / "DejaVuSans.ttf"
+viz.FONT_PATH = str(FONT)
 
 METHODS = {"nearest": "Raw grid cells", "bilinear": "Bilinear", "pyramid": "Pyramid + Gaussian (paper)"}
 NORMS = {"word": "Per word", "caption": "Per caption", "global": "Global (α = 1 is full colour)"}

@@ -228,15 +228,40 @@ def attention_panels(
     return [base] + [overlay(base, heat, opacity=opacity, cmap=cmap) for heat in heats]
 
 
+# A TrueType font with α, β, Σ and × for the text drawn into figures (Pillow's default font has none of them): the
+# explorer sets its bundled DejaVu Sans; else Debian's copy, else Pillow's default.
+FONT_PATH: str | None = None
+_SYSTEM_FONTS = ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",)
+
+
+@lru_cache(maxsize=16)
+def _truetype(path: str, size: int) -> Any:
+    from PIL import ImageFont
+
+    return ImageFont.truetype(path, size)
+
+
+def text_font(size: int) -> Any:
+    """The font figures are labelled in (``FONT_PATH``, else a system DejaVu Sans, else Pillow's default)."""
+    from pathlib import Path
+
+    from PIL import ImageFont
+
+    for path in (FONT_PATH, *_SYSTEM_FONTS):
+        if path and Path(path).is_file():
+            return _truetype(str(path), size)
+    return ImageFont.load_default(size=size)
+
+
 def label_panel(panel: np.ndarray, text: str) -> np.ndarray:
     """Add a white band of LABEL_HEIGHT px under a panel with ``text`` centred in it."""
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
 
     h, w = panel.shape[:2]
     canvas = Image.new("RGB", (w, h + LABEL_HEIGHT), "white")
     canvas.paste(Image.fromarray(panel), (0, 0))
     draw = ImageDraw.Draw(canvas)
-    font = ImageFont.load_default(size=13)
+    font = text_font(13)
     while text and draw.textlength(text, font=font) > w - 4:  # shorten words wider than the panel
         text = text[:-4] + "..." if len(text) > 4 else text[:-1]
     left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
@@ -374,7 +399,7 @@ def scale_ticks(vmax: float, gamma: float = 1.0, n: int = 5) -> list[tuple[float
 def colorbar_image(height: int, cmap: str, ticks: Sequence[tuple[float, float]], *, title: str = "α",
                    width: int = 90) -> np.ndarray:
     """A vertical colour bar (height, width, 3) uint8, full colour at the top, ticks labelled with α."""
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
 
     bar_w, top, bottom = 18, 24, 10
     canvas = Image.new("RGB", (width, height), "white")
@@ -382,7 +407,7 @@ def colorbar_image(height: int, cmap: str, ticks: Sequence[tuple[float, float]],
     colours = _lut(cmap)[np.rint(np.linspace(255, 0, span)).astype(int)]  # (span, 3), top = 1
     canvas.paste(Image.fromarray(np.repeat(colours[:, None, :], bar_w, axis=1)), (4, top))
     draw = ImageDraw.Draw(canvas)
-    font = ImageFont.load_default(size=13)
+    font = text_font(13)
     draw.text((4, 4), title, fill="black", font=font)
     for position, value in ticks:
         y = top + (1.0 - position) * (span - 1)
@@ -400,9 +425,9 @@ def with_colorbar(image: np.ndarray, bar: np.ndarray) -> np.ndarray:
 
 def with_title(image: np.ndarray, lines: Sequence[str], *, size: int = 18) -> np.ndarray:
     """A white band above ``image`` holding ``lines`` of text (caption, checkpoint, image, crop)."""
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
 
-    font = ImageFont.load_default(size=size)
+    font = text_font(size)
     pad, line_h = 10, int(size * 1.4)
     h, w = image.shape[:2]
     canvas = Image.new("RGB", (w, h + 2 * pad + line_h * len(lines)), "white")

@@ -40,13 +40,13 @@ def draw_crop(image: PreparedImage) -> None:
 
 def draw_exports(image: PreparedImage, words: list[str], numbers: ScoredCaption, settings: MapSettings, meta: dict,
                  stem: str, hard: bool) -> None:
-    kwargs = {**settings.viz_kwargs(), "panel_size": 112}
+    kwargs = {**settings.viz_kwargs(), "panel_size": exports.GIF_SIDE}  # frames at slide size
     crop, grid = image.crop, numbers.grid
     c1, c2, c3 = st.columns(3)
     c1.download_button("Download figure for slides (PNG, ≥ 1600 px)",
                        lambda: exports.slide_png(image, words, numbers, settings, meta),
                        f"{stem}_attention.png", "image/png", key="dl_png")
-    c2.download_button("Download animation (GIF)", lambda: viz.strip_gif(crop, words, numbers.alphas, grid, **kwargs),
+    c2.download_button(f"Download animation (GIF, {exports.GIF_SIDE} px)", lambda: viz.strip_gif(crop, words, numbers.alphas, grid, **kwargs),
                        f"{stem}_attention.gif", "image/gif", key="dl_gif")
     c3.download_button("Download α values (JSON)",
                        viz.alphas_json(words, numbers.alphas, None if hard else numbers.betas, grid, meta=meta),
