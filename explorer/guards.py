@@ -78,6 +78,35 @@ def decoding_line(ctx: Context, loaded: LoadedCheckpoint | None = None) -> str:
                          hard_mode=d.hard_mode if loaded.model.hard else "expect", seed=d.seed)
 
 
+_IRREGULAR_PLURALS = {"people": "person", "men": "man", "women": "woman", "children": "child", "mice": "mouse"}
+
+
+def model_knowledge(loaded: LoadedCheckpoint) -> str:
+    """What the model can name, in plain words, from its own vocabulary: the kinds of object, colours and places of
+    its world, or, for a model of other data, the content words its training captions used most."""
+    from sat_core.evaluation.grounding import word_kind
+
+    words = [w for w in loaded.vocab.itos if not w.startswith("<")]
+    kinds: dict[str, list[str]] = {}
+    for word in words:
+        kinds.setdefault(word_kind(word), []).append(word)
+    things = set(kinds.get("category", []) + kinds.get("shape", []))
+    singular = sorted(w for w in things if not (w in _IRREGULAR_PLURALS and _IRREGULAR_PLURALS[w] in things)
+                      and not (w.endswith("s") and (w[:-1] in things or w[:-2] in things)))
+    if singular:
+        parts = [f"{len(singular)} kinds of object ({', '.join(singular[:8])}{', …' if len(singular) > 8 else ''})"]
+        if kinds.get("colour"):
+            parts.append(f"{len(kinds['colour'])} colours")
+        if kinds.get("place"):
+            parts.append(f"{len(kinds['place'])} words for places ({', '.join(kinds['place'][:4])}, …)")
+        return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
+    stats = (loaded.config.get("training") or {}).get("word_stats") or {}
+    counts = stats.get("counts", {})
+    lift = stats.get("lift", {})
+    common = sorted((w for w in counts if lift.get(w, 0) >= 2.0), key=lambda w: -counts[w])[:8]
+    return (f"the {len(words)} words of its training captions" + (f", most often {', '.join(common)}" if common else ""))
+
+
 def object_masks(image: PreparedImage) -> list[np.ndarray]:
     """Ground-truth masks of a gallery scene's objects (original-image pixels); none for uploads."""
     if image.record is None or not image.record.objects:

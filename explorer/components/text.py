@@ -26,15 +26,19 @@ def draw_caption(words: Sequence[str], current: int | None = None, forced: Colle
     st.markdown(f"{prefix}{caption_markdown(words, current, forced)}", unsafe_allow_html=True)
 
 
-def draw_domain_warning(reasons: Sequence[str], source: str, confidence: float | None = None) -> None:
-    """The out-of-domain notice shown next to a caption; ``source`` names the data compared with."""
-    why = "; ".join(reasons)
-    conf = f" The model's mean word probability here is {confidence:.2f}." if confidence is not None else ""
+def draw_domain_warning(knows: str, reasons: Sequence[str], source: str, confidence: float | None = None) -> None:
+    """The out-of-domain notice beside a caption, in plain words: the picture is unlike the model's training
+    pictures, what the model can name (``knows``), and, folded away, the measurements behind the notice."""
+    conf = (f" Its words here are {confidence:.0%} likely on average, but that says how sure it is of its own "
+            "words, not whether they are true." if confidence is not None else "")
     st.warning(
-        f"**This image looks unlike the images this model was trained on — {source} — so treat its "
-        f"caption with care.** {why[0].upper() + why[1:]}.{conf}",
+        f"**This picture looks unlike the pictures this model learnt from, so read its caption as a guess.** "
+        f"The model can only name what its training captions named: {knows}. Anything else in the picture it "
+        f"describes with those words anyway.{conf}",
         icon="⚠️",
     )
+    with st.expander("Why the app thinks the picture is unfamiliar"):
+        st.markdown(f"Compared with {source}: " + "; ".join(reasons) + ".")
 
 
 def draw_help(title: str, body: str) -> None:

@@ -19,7 +19,7 @@ from explorer.components import text
 from explorer.components.figures import draw_alpha
 from explorer.components.images import draw_crop_view
 from explorer.components.text import draw_domain_warning, draw_help, draw_references
-from explorer.guards import beams, decoding_line, need_image, need_model, read_back
+from explorer.guards import beams, decoding_line, model_knowledge, need_image, need_model, read_back
 from explorer.maps import MapSettings
 from explorer.resources import PreparedImage
 from explorer.state import context, keep_choice, write_url
@@ -113,7 +113,7 @@ def main() -> None:
             except SatError:  # no statistics and no gallery to compare with: say nothing rather than guess
                 check = None
             if check is not None and check.far:
-                draw_domain_warning(check.reasons, check.source, confidence)
+                draw_domain_warning(model_knowledge(loaded), check.reasons, check.source, confidence)
         st.markdown(f"**The beam's {len(hyps)} hypotheses** (beam size {ctx.decode.beam_size})")
         draw_beam_table(hyps, [read_back(ctx, h) for h in hyps], ctx.decode.length_norm)
         draw_references(image.references)

@@ -24,7 +24,8 @@ def records_table(records: list[dict], gallery: Gallery | None) -> pd.DataFrame:
         return res.thumbnail(str(record.path)) if record is not None else ""
 
     searched = any("search_error" in r for r in records)  # evaluated with search_errors
-    return pd.DataFrame([{
+    grounded = any(r.get("n_objects") is not None for r in records)  # a dataset with object masks
+    table = pd.DataFrame([{
         "image": thumb(r),
         "file": r.get("filename", ""),
         "image_id": r["image_id"],
@@ -38,6 +39,8 @@ def records_table(records: list[dict], gallery: Gallery | None) -> pd.DataFrame:
         **({"search error": _search_cell(r)} if searched else {}),
         "references": " | ".join(r.get("references") or []),
     } for r in records])
+    # without object masks there is nothing to ground: no columns of dashes
+    return table if grounded or table.empty else table.drop(columns=["attention correctness", "objects"])
 
 
 def _search_cell(record: dict) -> str:

@@ -122,7 +122,7 @@ def test_bad_upload_shows_the_message_and_the_next_upload_works(page, browser_en
     wait_for_text(page, "Where the model looked for each word", TIMEOUT_S, "the caption of astronaut.jpg")
     assert shown_caption(page) == expected_caption(browser_env, photo)
     assert page.get_by_test_id("stAlertContentError").count() == 0
-    assert "looks unlike the images this model was trained on" in main_text(page)  # a photo is far from the training scenes
+    assert "looks unlike the pictures this model learnt from" in main_text(page)  # a photo is far from the training scenes
     shoot(page, ARTIFACTS / "good-upload-after-bad.png")
     refused = [json.loads(line) for line in RUN_LOG.read_text().splitlines()]
     refused = [r for r in refused if r["kind"] == "refused upload" and "'holiday.png'" in r["reason"]]

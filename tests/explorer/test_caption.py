@@ -41,7 +41,7 @@ def test_caption_page_shows_the_models_caption_and_beam(app, explorer_env):
     assert list(beam_table["caption"]) == [h.caption for h in hyps]
     assert len(beam_table) == 3
     labels = [b.proto.label for b in app.get("download_button")]
-    assert labels == ["Download figure for slides (PNG, ≥ 1600 px)", "Download animation (GIF)",
+    assert labels == ["Download figure for slides (PNG, ≥ 1600 px)", "Download animation (GIF, 720 px)",
                       "Download α values (JSON)"]
     assert any("encoder saw the square (0, 0) – (112, 112)" in str(i.proto) for i in app.image)
 
@@ -117,8 +117,12 @@ def test_photo_upload_warns_that_captions_are_not_meaningful(app):
     app.sidebar.radio(key="source").set_value("Upload").run()
     app.file_uploader[0].set_value(("astronaut.jpg", photo_jpeg(), "image/jpeg")).run()
     warnings = [w.value for w in app.warning]
-    assert any("looks unlike the images this model was trained on — " in w and "dataset.json" in w
-               for w in warnings), warnings
+    assert any(w.startswith("**This picture looks unlike the pictures this model learnt from") for w in warnings)
+    # in plain words, what the model can name: the shapes world's kinds of object and colours, from its vocabulary
+    assert any("The model can only name what its training captions named: 7 kinds of object (circle, cross, "
+               "diamond, hexagon, square, star, triangle)" in w for w in warnings), warnings
+    assert not any("loneliest" in w or "threshold" in w for w in warnings)  # the measurements are folded away
+    assert any("dataset.json" in m.value for m in app.markdown if m.value.startswith("Compared with"))
     assert caption_shown(app)  # still captioned, with the warning next to it
 
 
@@ -226,9 +230,10 @@ def test_photo_upload_warns_by_the_encoders_view_when_colours_look_familiar(expl
     at.sidebar.radio(key="source").set_value("Upload").run()
     at.file_uploader[0].set_value(("astronaut.jpg", photo_jpeg(), "image/jpeg")).run()
     assert not at.exception
-    warnings = [w.value for w in at.warning]
+    assert any(w.value.startswith("**This picture looks unlike the pictures") for w in at.warning)
+    why = [m.value for m in at.markdown if m.value.startswith("Compared with")]  # the measurements, folded away
     assert any("photos.json (train split, 2 images)" in w and f"{ratio:.2f}× as far" in w
-               and "colour statistics" not in w for w in warnings), warnings
+               and "colour statistics" not in w for w in why), why
 
 
 @pytest.mark.parametrize("ckpt, taught", [("tiny-soft", "not recorded"),

@@ -74,6 +74,7 @@ def test_error_analysis_lists_every_test_image_by_file_name_with_reference_label
     labels = {label for cell in table["errors"] for label in cell.split(", ") if label != "—"}
     assert labels and labels <= set(REFERENCE_LABELS)  # no shape-world label on photos
     assert all(cell.startswith("data:image/jpeg;base64,") for cell in table["image"])
+    assert "objects" not in table and "attention correctness" not in table  # photos have no masks: no empty columns
     row = table.iloc[0]
     at.selectbox(key="err_open").set_value(int(row["image_id"]))
     at.button(key="err_open_button").click().run()
