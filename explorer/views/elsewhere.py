@@ -42,11 +42,14 @@ def region_ui(image: PreparedImage, grid: tuple[int, int]) -> np.ndarray:
     masks = object_masks(image)
     options = [h for h in HOW if h != "object" or masks]
     keep_choice("ew_how", options)
-    st.session_state.setdefault("ew_how", "rect")
+    # A scene opens on its largest object (the one its caption most likely names): blocking it shows at once what
+    # the caption does without looking there. Uploads have no objects: a rectangle of cells.
+    st.session_state.setdefault("ew_how", "object" if masks else "rect")
     how = st.radio("Choose the region by", options, format_func=HOW.get, key="ew_how", horizontal=True)
     if how == "object":
         objects = image.record.objects
         keep_choice("ew_object", list(range(len(objects))))
+        st.session_state.setdefault("ew_object", max(range(len(masks)), key=lambda i: int(masks[i].sum())))
         index = st.selectbox("Object", range(len(objects)), format_func=lambda i: object_label(objects[i]),
                              key="ew_object")
         return mask_on_grid(masks[index], image.crop_info, grid)
@@ -153,23 +156,25 @@ def main() -> None:
     except SatError as err:
         st.error(str(err))
         st.stop()
-    c1, c2 = st.columns(2)
-    with c1:
-        draw_result("Where the model looked", original, image, ctx, region, "ew_original")
-    with c2:
-        draw_result(f"{MODES[mode]}", changed, image, ctx, region, "ew_changed")
-    st.caption(f"Both captions: {decoding_line(ctx)[0].lower()}{decoding_line(ctx)[1:]} The right one decodes "
-               "the same way with the intervention on α.")
-    st.subheader("Word by word")
+    st.subheader("What changed")  # the finding first, in view; the maps that show it below
+    st.markdown(f"Without the intervention: **{original.caption}** · {MODES[mode].lower()}: **{changed.caption}**")
     if before is None:
         st.info("The original caption is empty; there are no words to compare.")
         return
     edits = word_diff(tokens, _with_end(changed))
     st.markdown(verdict(edits, before, after))
-    st.dataframe(diff_table(edits, before, after), hide_index=True, width="stretch")
-    st.caption("Rows align the caption without the intervention (left words) with the one decoded with it "
-               "(right words). log p columns: each word of the original caption, teacher-forced without and with "
-               "the intervention; an added word has none.")
+    st.caption(f"Both captions: {decoding_line(ctx)[0].lower()}{decoding_line(ctx)[1:]} The second decodes "
+               "the same way with the intervention on α.")
+    with st.expander("Word by word"):
+        st.dataframe(diff_table(edits, before, after), hide_index=True, width="stretch")
+        st.caption("Rows align the caption without the intervention (left words) with the one decoded with it "
+                   "(right words). log p columns: each word of the original caption, teacher-forced without and "
+                   "with the intervention; an added word has none.")
+    c1, c2 = st.columns(2)
+    with c1:
+        draw_result("Where the model looked", original, image, ctx, region, "ew_original")
+    with c2:
+        draw_result(f"{MODES[mode]}", changed, image, ctx, region, "ew_changed")
     draw_help("Where it looked vs what it used", (
         "An attention map shows where the model looked. Editing α (removing a region, or allowing only it) and "
         "decoding again shows how the output moves when that region cannot be (or must be) attended; the "

@@ -120,3 +120,18 @@ def test_look_elsewhere_by_ground_truth_object(explorer_env):
     at.selectbox(key="ew_object").set_value(labels[0]).run()
     assert dict(at.query_params)["ew_object"] == "0"
     assert not at.error
+
+
+def test_it_opens_on_the_scenes_largest_object_with_the_finding_first(explorer_env):
+    from explorer.guards import object_masks
+
+    at = open_page("elsewhere", {"ckpt": "tiny-soft"})
+    assert at.radio(key="ew_how").value == "object"  # a ground-truth object, not a patch of background
+    image = at.session_state["_ctx"].image
+    sizes = [int(m.sum()) for m in object_masks(image)]
+    assert at.selectbox(key="ew_object").value == sizes.index(max(sizes))
+    body = [e for e in at.main if getattr(e, "type", "") in ("markdown", "subheader")]
+    kinds = [(getattr(e, "value", "") or "") for e in body]
+    finding = next(i for i, v in enumerate(kinds) if v.startswith("**The caption"))
+    maps_title = next(i for i, v in enumerate(kinds) if v.startswith("#### Where the model looked"))
+    assert finding < maps_title  # the verdict is read before the maps that show it
