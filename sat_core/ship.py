@@ -279,7 +279,7 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
         f"{metrics.get('precision', 'fp32')}.",
     ]
     if scenes:
-        about += _SCENES_CHOICES
+        about += _scenes_choices(cfg)
     if tr.get("validation"):
         about += ["", "## Validation (what the shipped epoch was chosen on)", "| epoch | BLEU-4 | CIDEr |",
                   "| --- | --- | --- |", *(f"| {v['epoch']} | {v['BLEU-4']:.3f} | {v['CIDEr']:.3f} |"
@@ -303,21 +303,25 @@ _SHAPES_ABOUT = (
     "five grammar-generated captions per image. **It has never seen a photograph**: captions of "
     "photos are not meaningful.",
 )
-_SCENES_CHOICES = (
-    "",
-    "## Choices",
-    "- The paper's model and objective, nothing added: (h_0, c_0) from the mean annotation, the gate β (soft), the "
-    "deep output layer; soft attention with the doubly stochastic penalty (λ = 1, the authors' value against a "
-    "per-caption sum), hard attention with REINFORCE (λ_r = 1, moving-average baseline, entropy λ_e = 0.01, the "
-    "expectation α in place of a sample for half the captions). Decoded by plain beam search with length "
-    "normalisation.",
-    "- Recipe choices that change neither the model nor the objective: ImageNet-pretrained EfficientNet-Lite0 read "
-    "at its stride-16 stage and frozen (as the paper froze its VGG), Adam with a cosine schedule, batches of 64 "
-    "captions, the scenes world's degraded training pictures (about a third: JPEG, grayscale, blur, exposure).",
-    "- Fixed before training and read on no split: every setting above, beam 3 and length normalisation 1. Chosen "
-    "on the validation split: the shipped epoch (table below). The test split and the sets off the generator were "
-    "read once, after that choice.",
-)
+def _scenes_choices(cfg: TrainConfig) -> list[str]:
+    """What the scenes presets fixed before training, what was chosen on validation, and when test was read."""
+    return [
+        "",
+        "## Choices",
+        "- The paper's model and objective, nothing added: (h_0, c_0) from the mean annotation, the gate β (soft), "
+        "the deep output layer; soft attention with the doubly stochastic penalty (λ = 1, the authors' value against "
+        "a per-caption sum), hard attention with REINFORCE (λ_r = 1, moving-average baseline, entropy λ_e = 0.01, "
+        "the expectation α in place of a sample for half the captions). Decoded by plain beam search with length "
+        "normalisation.",
+        "- Recipe choices that change neither the model nor the objective: ImageNet-pretrained EfficientNet-Lite0 "
+        "read at its stride-16 stage and frozen (as the paper froze its VGG), Adam with a cosine schedule, batches "
+        f"of {cfg.data.batch_size} captions, the scenes world's degraded training pictures (about a third: JPEG, "
+        "grayscale, blur, exposure).",
+        f"- Fixed before training and read on no split: every setting above, beam {cfg.val.beam_size} and length "
+        f"normalisation {cfg.val.length_norm:g}. Chosen on the validation split: the shipped epoch (table below). "
+        "The test split and the sets off the generator were read once, after that choice.",
+    ]
+
 
 _SCENES_ABOUT = (
     "Show, Attend and Tell (Xu et al., 2015) trained on the embedded scenes world "
