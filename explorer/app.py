@@ -22,6 +22,7 @@ if str(_REPO) not in sys.path:  # `streamlit run explorer/app.py` puts only expl
 PAGES = [
     ("views/caption.py", "Caption", "caption", ":material/image:"),
     ("views/step.py", "Step through", "step", ":material/skip_next:"),
+    ("views/present.py", "Presenter view", "present", ":material/slideshow:"),
     ("views/compare.py", "Soft vs hard", "compare", ":material/compare:"),
     ("views/score.py", "Score a caption", "score", ":material/edit_note:"),
     ("views/elsewhere.py", "Look elsewhere", "elsewhere", ":material/visibility_off:"),
@@ -35,7 +36,8 @@ INTRO = (
     "α over the grid (*soft* attention blends the regions, *hard* attention picks one) — and then **which word "
     "to say**. This explorer shows those decisions.\n\n"
     "**Caption**: the caption and where each word looked · **Step through**: one word at a time, force your "
-    "own · **Soft vs hard**: both models on the same words · **Score a caption**: how likely the model finds "
+    "own · **Presenter view**: the same steps for a projector, large type, ← / → · **Soft vs hard**: both "
+    "models on the same words · **Score a caption**: how likely the model finds "
     "yours · **Look elsewhere**: keep attention out of a region and see what changes · **Error analysis**: "
     "every image of a dataset, by error · **How it works**: the equations with this image's numbers · "
     "**Checkpoint card**: what the model is and what it was trained on. Choose a checkpoint and an image "

@@ -207,6 +207,8 @@ def main() -> None:
             st.caption(f"**Next** takes the most probable word (greedy decoding, beam size 1); the Caption page "
                        f"searches with beam size {ctx.decode.beam_size}, so its caption can differ from the one built "
                        "here.")
+    st.page_link("views/present.py", label="Presenter view: these steps in large type for a projector, ← / → to step",
+                 icon=":material/slideshow:")
     draw_error_origin(image)
     playing = bool(st.session_state.get(stepping.PLAYING))
     every = SPEEDS.get(st.session_state.get("play_speed"), 1.0) if playing else None

@@ -172,3 +172,20 @@ def test_the_first_pages_own_url_opens_it(page, app_url):
     assert "Page not found" not in page.inner_text("body")
     assert "/caption" in page.url
 
+
+
+def test_the_presenter_view_has_large_type_no_sidebar_and_steps_with_the_keys(page, app_url, browser_env):
+    words = expected_steps(browser_env, browser_env.test_scene(0).read_bytes(), 40, max_len=40)
+    page.goto(f"{app_url}/present?ckpt=tiny-soft&maxlen=40&follow=0")
+    wait_for_text(page, "Step 1:", FIRST_PAGE_S, "the presenter view")
+    wait_idle(page, TIMEOUT_S, "the presenter view")
+    assert not page.get_by_test_id("stSidebar").is_visible()
+    size = page.locator(".sat-present-caption").evaluate("e => parseFloat(getComputedStyle(e).fontSize)")
+    assert size >= 36, size  # readable from the back of a lecture hall
+    for _ in range(3):
+        page.keyboard.press("ArrowRight")
+        page.wait_for_timeout(60)
+    wait_for_text(page, "Step 4:", TIMEOUT_S, "step 4 after three → presses")
+    wait_idle(page, TIMEOUT_S, "the presses' reruns")
+    assert page.locator(".sat-present-caption").inner_text().split() == words[:4]
+    shoot(page, ARTIFACTS / "presenter-view.png")

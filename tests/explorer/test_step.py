@@ -277,3 +277,21 @@ def test_a_link_to_a_scene_this_gallery_lacks_says_so_and_shows_its_first_image(
     fine.run()
     assert fine.sidebar.selectbox(key="scene").value == other and not any(
         i.value.startswith("Scene ") for i in fine.sidebar.info)
+
+
+def test_the_presenter_view_shows_the_step_through_steps_in_large_type(explorer_env):
+    at = open_step()
+    at.button(key="step_next").click().run()
+    at.button(key="step_next").click().run()
+    words = step_line(at).split(":**", 1)[1]
+    at.switch_page("views/present.py").run()
+    assert not at.exception, at.exception
+    html = " ".join(m.value for m in at.markdown)
+    assert 'class="sat-present-caption"' in html and "Step 3:" in html  # the same step as Step through
+    assert '[data-testid="stSidebar"]' in html and "display: none" in html  # no sidebar on the projector
+    assert "font-size: 2.6rem" in html
+    at.button(key="present_next").click().run()
+    assert "Step 4:" in " ".join(m.value for m in at.markdown)
+    at.switch_page("views/step.py").run()
+    assert step_line(at).startswith("**Step 4:**")  # back in Step through where the presenter left it
+    assert words.split()[-1].replace("<mark>", "").replace("</mark>", "").strip("*") in step_line(at)
