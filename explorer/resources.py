@@ -306,6 +306,33 @@ def stored_records(loaded: LoadedCheckpoint, gallery: Gallery) -> dict[str, Any]
     return doc
 
 
+def curated(records: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """A few scenes of the stored records that show the paper's points, each with why: attention on the object a
+    word names, a scene of several objects described right, a grounded mistake to step through, a miscount."""
+    def best(rows: list[dict[str, Any]], key) -> dict[str, Any] | None:
+        return max(rows, key=key) if rows else None
+
+    grounded = [r for r in records if r.get("attention_correctness") is not None]
+    picks = [
+        (best([r for r in grounded if (r.get("n_objects") or 0) >= 2], lambda r: r["attention_correctness"]),
+         "looks at what it names"),
+        (best([r for r in records if not r.get("errors") and (r.get("n_objects") or 0) >= 3],
+              lambda r: r["scores"].get("CIDEr") or 0), "several objects, all named right"),
+        (best([r for r in records if r.get("first_error") is not None and
+               {"hallucinated_object", "wrong_colour", "wrong_shape", "wrong_category"} & set(r.get("errors") or [])],
+              lambda r: -(r["scores"].get("CIDEr") or 0)), "a mistake to step through"),
+        (best([r for r in records if "wrong_count" in (r.get("errors") or [])], lambda r: r.get("n_objects") or 0),
+         "a miscount"),
+    ]
+    seen: set[int] = set()
+    out = []
+    for record, why in picks:
+        if record is not None and record["image_id"] not in seen:
+            seen.add(record["image_id"])
+            out.append((int(record["image_id"]), why))
+    return out
+
+
 def cached_records(ckpt: str, gallery: Gallery, cfg: DecodeConfig) -> dict[str, Any] | None:
     path = _records_cache(ckpt, gallery.source, cfg)
     return read_records(path) if path.is_file() else None

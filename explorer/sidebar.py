@@ -132,6 +132,7 @@ def _image_ui(data: DataSource, loaded) -> tuple:
         _note_missing_scene(gallery)
         scene = st.sidebar.selectbox(f"Image ({len(gallery.ids)})", gallery.ids, key="scene", format_func=gallery.name,
                                      help=f"From {gallery.note}")
+        _gallery_ui(gallery, loaded)
         note = st.session_state.get(MISSING_SCENE)
         if note and note[1] == scene:
             st.sidebar.info(f"Scene {note[0]} (from the link) is not in this gallery, {gallery.note}: showing "
@@ -147,6 +148,41 @@ def _image_ui(data: DataSource, loaded) -> tuple:
             st.session_state["_refused"] = refused  # logged once per file, not once per rerun (explorer.runlog)
             runlog.record("refused upload", "sidebar", seconds=time.perf_counter() - started, reason=str(err)[:200])
         return gallery, gallery_error, None, str(err), None
+
+
+GALLERY_PAGE = 6  # thumbnails a page
+
+
+def _pick_scene(image_id: int) -> None:
+    st.session_state["scene"] = image_id
+
+
+def _thumb(gallery: res.Gallery, column, image_id: int, caption: str, prefix: str = "thumb") -> None:
+    column.image(str(gallery.by_id[image_id].path), caption=caption, width="stretch")
+    column.button("Show", key=f"{prefix}_{image_id}", on_click=_pick_scene, args=(image_id,), width="stretch",
+                  type="primary" if st.session_state.get("scene") == image_id else "secondary")
+
+
+def _gallery_ui(gallery: res.Gallery, loaded) -> None:
+    """The gallery as pictures: a few scenes chosen from the checkpoint's stored records for what they show, then
+    every scene, a page at a time."""
+    with st.sidebar.expander("Gallery", expanded=False):
+        stored = res.stored_records(loaded, gallery) if loaded is not None else None
+        picks = res.curated(stored["records"]) if stored else []
+        if picks:
+            st.caption("Chosen from this model's test records:")
+            for row in range(0, len(picks), 2):
+                cols = st.columns(2)
+                for col, (image_id, why) in zip(cols, picks[row : row + 2]):
+                    _thumb(gallery, col, image_id, why, prefix="curated")
+        pages = max(1, -(-len(gallery.ids) // GALLERY_PAGE))
+        state.clamp("gallery_page", 1, pages)
+        page = int(st.number_input(f"Page (of {pages})", 1, pages, key="gallery_page")) if pages > 1 else 1
+        shown = gallery.ids[(page - 1) * GALLERY_PAGE : page * GALLERY_PAGE]
+        for row in range(0, len(shown), 3):
+            cols = st.columns(3)
+            for col, image_id in zip(cols, shown[row : row + 3]):
+                _thumb(gallery, col, image_id, gallery.name(image_id))
 
 
 MISSING_SCENE = "_missing_scene"  # (the scene a link asked for, the gallery image shown instead)

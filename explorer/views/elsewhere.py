@@ -76,16 +76,20 @@ def draw_picker(image: PreparedImage, grid: tuple[int, int], region: np.ndarray)
                "a cell counts when its centre is inside. White squares: the cells in use.")
 
 
+def mean_alpha_scale(hyp: Hypothesis, image: PreparedImage, ctx: Context) -> maps.ColourScale:
+    mean_alpha = hyp.alphas.mean(axis=0).reshape(1, -1)  # (1, L): where the caption looked on average
+    return maps.colour_scale(image.crop.shape[0], mean_alpha, hyp.grid, ctx.maps, t=0, title="mean α")
+
+
 def draw_result(title: str, hyp: Hypothesis, image: PreparedImage, ctx: Context, region: np.ndarray,
-                key: str) -> None:
+                key: str, scale: maps.ColourScale) -> None:
+    """One caption and its mean α, on ``scale`` (shared by the two results, so their maps compare)."""
     st.markdown(f"#### {title}")
     st.markdown(f"**Caption:** {hyp.caption}")
     st.caption(f"log p = {hyp.logprob:.2f}")
     words = maps.step_words(hyp.words, len(hyp.alphas))
     mean_alpha = hyp.alphas.mean(axis=0).reshape(hyp.grid)  # (gh, gw): where the caption looked on average
-    overlay = maps.overlays(image.crop, mean_alpha.reshape(1, -1), hyp.grid, ctx.maps)[0]
-    scale = maps.colour_scale(image.crop.shape[0], mean_alpha.reshape(1, -1), hyp.grid, ctx.maps, t=0,
-                              title="mean α")
+    overlay = maps.overlay_on_scale(image.crop, mean_alpha.reshape(-1), hyp.grid, ctx.maps, scale)
     draw_alpha(overlay, mean_alpha, key=key, region=region, value_name="mean α", height=320,
                title="mean α over the caption", scale=scale)
     st.image(maps.strip_with_scale(image.crop, words, hyp.alphas, hyp.grid, ctx.maps, columns=5))
@@ -170,11 +174,13 @@ def main() -> None:
         st.caption("Rows align the caption without the intervention (left words) with the one decoded with it "
                    "(right words). log p columns: each word of the original caption, teacher-forced without and "
                    "with the intervention; an added word has none.")
+    scale = maps.shared_scale([mean_alpha_scale(h, image, ctx) for h in (original, changed)])
+    st.caption(f"Both mean-α maps on one colour scale: full colour is α = {scale.vmax:.3g}.")
     c1, c2 = st.columns(2)
     with c1:
-        draw_result("Where the model looked", original, image, ctx, region, "ew_original")
+        draw_result("Where the model looked", original, image, ctx, region, "ew_original", scale)
     with c2:
-        draw_result(f"{MODES[mode]}", changed, image, ctx, region, "ew_changed")
+        draw_result(f"{MODES[mode]}", changed, image, ctx, region, "ew_changed", scale)
     draw_help("Where it looked vs what it used", (
         "An attention map shows where the model looked. Editing α (removing a region, or allowing only it) and "
         "decoding again shows how the output moves when that region cannot be (or must be) attended; the "

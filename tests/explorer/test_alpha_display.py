@@ -125,5 +125,5 @@ def test_the_other_pages_maps_carry_a_colour_bar_too(explorer_env, page):
              for c in maps_drawn]
     for chart, peak in zip(maps_drawn, peaks):
         top = float(_colorbar(chart)["colorbar"]["ticktext"][-1])
-        # Soft vs hard draws both maps on one scale: the higher of the two peaks
-        assert top == pytest.approx(max(peaks) if page == "compare" else peak, rel=1e-2)
+        # Soft vs hard and Look elsewhere draw their two maps on one scale: the higher of the two peaks
+        assert top == pytest.approx(max(peaks) if page in ("compare", "elsewhere") else peak, rel=1e-2)

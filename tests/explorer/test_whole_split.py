@@ -103,3 +103,32 @@ def test_a_row_opens_step_through_at_its_first_wrong_word_with_its_labels(explor
     assert any(w.value.startswith("**From error analysis**") for w in at.warning)
     at.sidebar.selectbox(key="scene").set_value(next(i for i in table["image_id"] if i != row["image_id"])).run()
     assert not any(w.value.startswith("**From error analysis**") for w in at.warning)  # another image: gone
+
+
+def test_the_gallery_is_pictures_and_a_click_shows_one(explorer_env):
+    at = open_page("caption")
+    ids = explorer_env.test_ids()
+    buttons = [b for b in at.sidebar.button if b.key and b.key.startswith("thumb_")]
+    assert [int(b.key.removeprefix("thumb_")) for b in buttons] == ids[:6]  # the first page of the split
+    assert len(at.sidebar.get("image")) >= 6  # a picture above each button
+    at.sidebar.button(key=f"thumb_{ids[4]}").click().run()
+    assert not at.exception, at.exception
+    assert at.sidebar.selectbox(key="scene").value == ids[4]
+    assert at.session_state["_ctx"].image.record.id == ids[4]  # the page shows that scene
+
+
+def test_curated_scenes_come_from_the_stored_records_with_why():
+    name = next((n for n in SHIPPED if _loadable(n)), None)
+    if name is None:
+        pytest.skip("no shipped checkpoint loads here")
+    records = json.loads((DEFAULT_CHECKPOINTS / name / res.EVAL_RECORDS_FILE).read_text())["records"]
+    picks = res.curated(records)
+    assert 2 <= len(picks) <= 4 and len({i for i, _ in picks}) == len(picks)
+    by_id = {r["image_id"]: r for r in records}
+    whys = dict((why, i) for i, why in picks)
+    if "looks at what it names" in whys:
+        chosen = by_id[whys["looks at what it names"]]["attention_correctness"]
+        assert chosen == max(r["attention_correctness"] for r in records
+                             if r.get("attention_correctness") is not None and (r.get("n_objects") or 0) >= 2)
+    if "a mistake to step through" in whys:
+        assert by_id[whys["a mistake to step through"]]["first_error"] is not None
