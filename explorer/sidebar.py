@@ -35,6 +35,14 @@ def checkpoint_names(paths: list[str], roots: tuple[Path, ...]) -> dict[str, str
     return names
 
 
+def _loads(path: str, roots: tuple[str, ...], settings: ServerSettings) -> bool:
+    try:
+        res.load_model(path, roots, settings.device, res.stamp(Path(path)))
+    except SatError:
+        return False
+    return True
+
+
 def _checkpoint_ui(settings: ServerSettings) -> tuple[dict[str, str], str | None, object, str | None]:
     roots = tuple(str(r) for r in settings.checkpoint_roots)
     names = checkpoint_names(res.find_checkpoints(roots), settings.checkpoint_roots)
@@ -45,9 +53,10 @@ def _checkpoint_ui(settings: ServerSettings) -> tuple[dict[str, str], str | None
                                    "start the app with `-- --checkpoints DIR`.")
     options = list(names)
     state.keep_choice("ckpt", options)
-    if "ckpt" not in st.session_state:  # soft attention first: the paper's main model
+    if "ckpt" not in st.session_state:  # soft attention first (the paper's main model), and one that loads
         soft = [n for n in options if res.checkpoint_summary(names[n])["attention"] == "soft"]
-        st.session_state["ckpt"] = (soft or options)[0]
+        st.session_state["ckpt"] = next((n for n in [*soft, *options] if _loads(names[n], roots, settings)),
+                                        (soft or options)[0])
     name = st.sidebar.selectbox(
         "Checkpoint", options, key="ckpt",
         format_func=lambda n: f"{n} ({res.checkpoint_summary(names[n])['attention']})",

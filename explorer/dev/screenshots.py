@@ -4,7 +4,7 @@
 
 Starts the app on 127.0.0.1 (a free port), opens it in Debian's ``/usr/bin/chromium`` through
 Playwright (no browser download), walks through the pages in one browser session and saves one PNG
-per page: caption, step (a few steps in), compare, score, elsewhere, errors, teach, card.
+per page: caption, step (a few steps in), compare, score, elsewhere, errors, teach, card, present.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ PAGES = [
     ("elsewhere", "Look elsewhere", "Where it looked vs what it used"),
     ("errors", "Error analysis", "Attention correctness per word type"),
     ("card", "Checkpoint card", "Open a checkpoint folder"),
+    ("present", "Presenter view", "the numbers are those of Step through"),  # last: it hides the sidebar
 ]
 STEPS_IN = 3  # clicks on Next before the step-through screenshot
 

@@ -44,11 +44,19 @@ def _pick(ctx: Context, label: str, key: str, attention: str) -> str | None:
     if not names:
         return None
     keep_choice(key, names)
-    if key not in st.session_state:
+    if key not in st.session_state:  # a checkpoint of the side's kind that loads
         kinds = [n for n in names if res.checkpoint_summary(ctx.checkpoints[n])["attention"] == attention]
-        st.session_state[key] = kinds[0] if kinds else names[0]
+        st.session_state[key] = next((n for n in kinds if _loads(ctx, n)), kinds[0] if kinds else names[0])
     return st.selectbox(label, names, key=key,
                         format_func=lambda n: f"{n} ({res.checkpoint_summary(ctx.checkpoints[n])['attention']})")
+
+
+def _loads(ctx: Context, name: str) -> bool:
+    try:
+        _load(ctx, name)
+    except SatError:
+        return False
+    return True
 
 
 def _load(ctx: Context, name: str) -> LoadedCheckpoint:

@@ -133,9 +133,10 @@ def draw_hard_objective(hard: HardAttentionConfig, view: StepView) -> None:
     st.markdown("Hard attention maximises a lower bound on log p(y | a), averaged over sampled locations "
                 "s̃ ~ Multinoulli(α); its gradient is estimated with REINFORCE:")
     st.latex(r"L_s = \sum_s p(s \mid a) \log p(y \mid s, a) \;\le\; \log p(y \mid a)")
+    # one term a line: the page's right-hand column is narrow, and a cut equation teaches nothing
     st.latex(r"\begin{aligned}\frac{\partial L_s}{\partial W} \approx \frac{1}{N} \sum_{n=1}^{N} \Big[&"
              r"\frac{\partial \log p(y \mid \tilde s^n, a)}{\partial W} \\ &+ \lambda_r \big(\log p(y \mid \tilde s^n, a) - b\big)"
-             r"\frac{\partial \log p(\tilde s^n \mid a)}{\partial W} + \lambda_e \frac{\partial H[\tilde s^n]}{\partial W}\Big]"
+             r"\frac{\partial \log p(\tilde s^n \mid a)}{\partial W} \\ &+ \lambda_e \frac{\partial H[\tilde s^n]}{\partial W}\Big]"
              r"\end{aligned}")
     decay = hard.baseline_decay
     st.latex(rf"b_k = {decay:g}\, b_{{k-1}} + {1 - decay:g} \log p(y \mid \tilde s_k, a)")

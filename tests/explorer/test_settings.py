@@ -70,3 +70,31 @@ def test_with_no_dataset_the_gallery_is_generated_scenes_of_the_checkpoints_worl
 
     assert Image.open(first.path).size == (224, 224)  # scenes, not the 112 px shapes
     assert default_source("shapes").data.parent.name == "world"
+
+
+def test_a_checkpoint_that_fails_to_load_gives_one_message_and_the_app_goes_on(explorer_env, tmp_path, monkeypatch):
+    """A folder that looks like a checkpoint but cannot be loaded: never the default; chosen, one clear message on
+    every page; another checkpoint afterwards works."""
+    import os
+    import shutil
+
+    from tests.explorer.conftest import new_app
+
+    broken = tmp_path / "roots" / "a-broken-soft"  # sorts first
+    shutil.copytree(explorer_env.roots / "tiny-soft", broken)
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(tmp_path / "roots"), str(explorer_env.roots)]))
+    at = new_app()
+    at.query_params = {}
+    at.run()
+    assert not at.exception, at.exception
+    assert at.sidebar.selectbox(key="ckpt").value != "a-broken-soft"  # the default is one that loads
+    at.sidebar.selectbox(key="ckpt").set_value("a-broken-soft").run()
+    for page in ("caption", "step", "score", "errors", "teach", "present"):
+        at.switch_page(f"views/{page}.py").run()
+        assert not at.exception, (page, at.exception)
+        errors = [e.value for e in at.error]
+        assert len(errors) == 1 and "a-broken-soft" in errors[0], (page, errors)
+    at.sidebar.selectbox(key="ckpt").set_value("tiny-soft").run()
+    at.switch_page("views/caption.py").run()
+    assert not at.exception and not at.error and any(m.label == "log p(caption)" for m in at.metric)
