@@ -130,7 +130,8 @@ def records_decoding(data: dict, loaded, cfg) -> str:
     stored = "stored with the checkpoint" in str(data.get("source", ""))
     length_norm = loaded.length_norm if stored else cfg.length_norm
     max_len = (loaded.metrics or {}).get("max_len", cfg.max_len) if stored else cfg.max_len
-    return "Captions: " + decoding_note(beam, length_norm, max_len, evaluated=(loaded.beam_size, loaded.length_norm))
+    note = decoding_note(beam, length_norm, max_len, evaluated=(loaded.beam_size, loaded.length_norm))
+    return f"The captions were {note[0].lower()}{note[1:]}"
 
 
 def load_records(ctx, loaded, cfg) -> dict:
