@@ -55,6 +55,7 @@ EVALUATION_MINUTES = 2.5
 # The scenes models are also evaluated off their generator (sat_core.evaluation.generalisation): the shifted split
 # of this many scenes and six transformed copies of the test split, about 3 more minutes on 2 cores.
 GENERALISATION_SCENES = 500
+GENERALISATION_IMAGES = 200  # the first this many scenes of each set are decoded (the test split: all of them)
 GENERALISATION_MINUTES = 4.0
 
 
@@ -195,7 +196,8 @@ def package(name: str, cfg: TrainConfig, beam: int | None, out_root: Path, *, re
         from sat_core.evaluation.generalisation import report
 
         shifted, suite = ensure_generalisation_sets(cfg)
-        result["generalisation"] = report(loaded, decode, result, data, suite_dir=suite, shifted=shifted)
+        result["generalisation"] = report(loaded, decode, result, data, suite_dir=suite, shifted=shifted,
+                                          limit=GENERALISATION_IMAGES)
     summary = ((loaded.metrics or {}).get("training") if repackage else
                {**training_summary(Path(cfg.out), checkpoint), "encoder_minutes": _encoder_minutes(cfg)})
     if not summary:
