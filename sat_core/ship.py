@@ -55,7 +55,7 @@ EVALUATION_MINUTES = 2.5
 # The scenes models are also evaluated off their generator (sat_core.evaluation.generalisation): the shifted split
 # of this many scenes and six transformed copies of the test split, about 3 more minutes on 2 cores.
 GENERALISATION_SCENES = 500
-GENERALISATION_IMAGES = 200  # the first this many scenes of each set are decoded (the test split: all of them)
+GENERALISATION_IMAGES = 100  # the first this many scenes of each set are decoded (the test split: all of them)
 GENERALISATION_MINUTES = 4.0
 
 
