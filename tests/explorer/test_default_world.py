@@ -81,4 +81,7 @@ def test_the_hard_model_decodes_as_evaluated(tmp_path, monkeypatch):
     assert any(hyps[0].caption in m.value for m in at.markdown), hyps[0].caption
     table = at.dataframe[0].value
     assert list(table.columns) == ["rank", "caption", "log p", "score", "words", "finished"]
-    assert list(table["score"]) == pytest.approx([round(h.score, 3) for h in hyps], abs=1e-3)
+    # the table shows each caption's score read back in fp32 (explorer.guards.read_back); beam search picked the
+    # captions in the checkpoint's own precision (bf16 here), whose scores differ in the third decimal
+    assert list(table["caption"]) == [h.caption for h in hyps]
+    assert list(table["score"]) == pytest.approx([round(h.score, 3) for h in hyps], abs=5e-3)
