@@ -11,8 +11,9 @@ world of the selected checkpoint (``data/scenes`` for scenes models and any Imag
 ``data/world`` for the shapes models) when it exists and otherwise generates a small gallery of that
 world; a dataset that was named but cannot be read is reported, never replaced by another.
 
-Only folders named here (and the repo's ``checkpoints/``) may be loaded from; a path typed into
-the app outside them is refused (sat_core.paths.resolve_checkpoint_path).
+Only folders named here and the shipped checkpoints (the repo's ``checkpoints/``, or their copy inside
+the installed package) may be loaded from; a path typed into the app outside them is refused
+(sat_core.paths.resolve_checkpoint_path).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sat_core.paths import checkpoint_dirs, shipped_checkpoints
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CHECKPOINTS = REPO_ROOT / "checkpoints"
+DEFAULT_CHECKPOINTS = shipped_checkpoints()  # the repository's checkpoints/, or their copy in the installed package
 DEFAULT_WORLDS = {"scenes": REPO_ROOT / "data" / "scenes", "shapes": REPO_ROOT / "data" / "world"}
 DEFAULT_KIND = "scenes"  # the explorer opens on the scenes world
 
@@ -103,9 +106,8 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ServerSet
     parser.add_argument("--world", default=None)
     parser.add_argument("--device", default=None)
     args, _ = parser.parse_known_args(list(argv))
-    env_dirs = [d for d in environ.get("SAT_CHECKPOINT_DIRS", "").split(os.pathsep) if d.strip()]
     roots: list[Path] = []
-    for folder in [DEFAULT_CHECKPOINTS, *map(Path, env_dirs), *map(Path, args.checkpoints)]:
+    for folder in [DEFAULT_CHECKPOINTS, *checkpoint_dirs(environ), *map(Path, args.checkpoints)]:
         resolved = folder.expanduser().resolve()
         if resolved not in roots:
             roots.append(resolved)

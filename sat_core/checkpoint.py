@@ -31,7 +31,7 @@ from torch import nn
 from sat_core.config import DecodeConfig, ModelConfig, OptimConfig, PreprocessConfig, TrainConfig
 from sat_core.errors import CheckpointError, RetiredOptionError, SatError
 from sat_core.io import atomic_write, fsync_dir, read_tensors, save_tensors_atomic, write_json_atomic
-from sat_core.paths import CHECKPOINT_FILES, CONFIG_FILE, WEIGHTS_FILE, resolve_checkpoint_path
+from sat_core.paths import CHECKPOINT_FILES, CONFIG_FILE, WEIGHTS_FILE, find_checkpoint, resolve_checkpoint_path
 from sat_core.data.vocab import Vocab
 
 FORMAT = "sat-explorer/1"
@@ -318,9 +318,10 @@ def load_checkpoint(
 ) -> LoadedCheckpoint:
     """Build the model a checkpoint describes and fill it with its weights, or raise CheckpointError.
 
-    With ``allowed_roots`` the path is first resolved and refused if it lies outside them.
+    With ``allowed_roots`` the path is first resolved and refused if it lies outside them; without, a path
+    that does not exist is looked up by name (``paths.find_checkpoint``: SAT_CHECKPOINT_DIRS, the shipped ones).
     """
-    path = resolve_checkpoint_path(str(path), allowed_roots) if allowed_roots is not None else Path(path)
+    path = resolve_checkpoint_path(str(path), allowed_roots) if allowed_roots is not None else find_checkpoint(path)
     tensors, config = read_checkpoint(path, device="cpu")
     model_config, vocab, preprocess = _parse_config(config, path)
     # The weights come from the file: never fetch ImageNet weights for the encoder.

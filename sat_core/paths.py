@@ -1,13 +1,15 @@
 """Which checkpoint folders a user may load from: typed paths resolved and checked against allowed roots.
 
 The explorer loads only from the folders its server was started with; links and '..' are followed
-before the check, so neither can reach outside them.
+before the check, so neither can reach outside them. The commands take any path, and find a checkpoint
+by name (``--checkpoint scenes_soft``) in the folders of SAT_CHECKPOINT_DIRS and the shipped checkpoints,
+which lie in the repository's ``checkpoints/`` or, after ``pip install .``, inside the package.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from sat_core.errors import CheckpointError
@@ -15,6 +17,48 @@ from sat_core.errors import CheckpointError
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 CHECKPOINT_FILES = (WEIGHTS_FILE, CONFIG_FILE, "metrics.json", "MODEL_CARD.md")
+CHECKPOINT_DIRS_ENV = "SAT_CHECKPOINT_DIRS"  # folders holding a user's checkpoints, os.pathsep-separated
+
+
+def shipped_checkpoints() -> Path:
+    """The folder of the checkpoints shipped with the project: the copy a ``pip install .`` puts inside the
+    package, else the repository's ``checkpoints/`` (a source tree, or ``pip install -e .``)."""
+    package = Path(__file__).resolve().parent
+    installed = package / "checkpoints"
+    return installed if installed.is_dir() else package.parent / "checkpoints"
+
+
+def checkpoint_dirs(environ: Mapping[str, str] = os.environ) -> list[Path]:
+    """The folders named in SAT_CHECKPOINT_DIRS, in order."""
+    return [_expand(Path(d.strip())) for d in environ.get(CHECKPOINT_DIRS_ENV, "").split(os.pathsep) if d.strip()]
+
+
+def find_checkpoint(user_path: str | Path, environ: Mapping[str, str] = os.environ) -> Path:
+    """A checkpoint path typed on a command line: as given when it exists (or is absolute), else by name in
+    the folders of SAT_CHECKPOINT_DIRS, then among the shipped checkpoints — where ``checkpoints/NAME``, the
+    README's spelling, stands for NAME, so the README's commands run from any folder.
+
+    Found nowhere: CheckpointError naming every place looked in and what to give instead.
+    """
+    path = _expand(Path(user_path))
+    if path.exists() or path.is_absolute():
+        return path
+    shipped = shipped_checkpoints()
+    tried = [Path.cwd() / path]
+    places = [(root, path) for root in checkpoint_dirs(environ)] + [(shipped, path)]
+    if len(path.parts) > 1 and path.parts[0] == "checkpoints":
+        places.append((shipped, Path(*path.parts[1:])))
+    for root, name in places:
+        candidate = root / name
+        if candidate.exists():
+            return candidate
+        tried.append(candidate)
+    names = ", ".join(p.name for p in list_checkpoints(shipped, max_depth=1)) or "none found"
+    raise CheckpointError(
+        f"No checkpoint at {str(user_path)!r}: the path does not exist. Looked in: "
+        f"{', '.join(str(t) for t in dict.fromkeys(tried))}. Give the path of a checkpoint folder, the name "
+        f"of a shipped one ({names}; in {shipped}), or add the folder holding yours to {CHECKPOINT_DIRS_ENV}."
+    )
 
 
 def resolve_checkpoint_path(user_path: str, allowed_roots: Sequence[Path]) -> Path:
