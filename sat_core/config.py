@@ -295,6 +295,9 @@ class DataConfig(Config):
                            choices=("length", "image"))
     cache_features: str = option("auto", "frozen encoder: encode each image once per run",
                                  choices=("auto", "on", "off"))
+    cache: str = option("", "folder of the on-disk preprocessing cache (python -m sat_core.prepro), memory-mapped by "
+                        "every run, resume and rank; empty: images decoded into RAM at every start")
+    workers: int = option(0, "threads decoding images; 0: the CPU cores shared among a node's ranks", low=0)
 
 
 @dataclass(frozen=True)

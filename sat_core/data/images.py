@@ -266,6 +266,13 @@ def _resized_crop(image: Image.Image, cfg: PreprocessConfig) -> tuple[Image.Imag
     return crop, info
 
 
+def resized_pixels(image: Image.Image, cfg: PreprocessConfig) -> np.ndarray:
+    """The S×S crop the encoder sees as uint8 (3, S, S): ``preprocess``'s pixels before normalising (what the
+    image stores keep; a quarter of float32's bytes, and no rounding: ``normalise`` gives ``preprocess``'s values)."""
+    crop, _info = _resized_crop(image, cfg)
+    return np.ascontiguousarray(np.asarray(crop, dtype=np.uint8).transpose(2, 0, 1))  # (S, S, 3) -> (3, S, S)
+
+
 def preprocess(image: Image.Image, cfg: PreprocessConfig) -> tuple[torch.Tensor, CropInfo]:
     """RGB image -> normalised float32 tensor (3, S, S) and where the crop lies in the image."""
     crop, info = _resized_crop(image, cfg)

@@ -1,7 +1,8 @@
 """Karpathy-format caption datasets and length-bucketed batches.
 
 Flow: ``load_karpathy`` reads the split JSON -> ``build_vocab`` counts the train split ->
-``ImageStore`` decodes every image once (through ``sat_core.data.images``) into a uint8 cache ->
+``ImageStore`` decodes every image once (through ``sat_core.data.images``) into a uint8 cache in RAM, or
+``data.cache`` memory-maps the one written on disk by an earlier run ->
 ``CaptionDataset`` has one item per caption -> ``make_loader`` batches captions of equal length
 (the paper's bucketing), so no step or loss is spent on padding, and each image of a batch is
 encoded once however many of its captions the batch holds.
@@ -10,14 +11,11 @@ encoded once however many of its captions the batch holds.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import random
 import re
-import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,12 +23,9 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from sat_core.config import PreprocessConfig
-from sat_core.errors import DatasetError, ImageError
-from sat_core.data.images import load_image, preprocess
+from sat_core.data.imagestore import ImageRows, ImageStore, normalise  # noqa: F401 (their old home)
 from sat_core.data.vocab import Vocab
-
-log = logging.getLogger(__name__)
+from sat_core.errors import DatasetError
 
 SPLITS = ("train", "val", "test")
 
@@ -184,99 +179,10 @@ def build_vocab(data: KarpathyData, *, min_count: int = 5, max_size: int = 10_00
     return Vocab.build(sentences, min_count=min_count, max_size=max_size)
 
 
-# ----------------------------------------------------------------------------- decoded images
-
-
-def normalise(images: torch.Tensor, cfg: PreprocessConfig) -> torch.Tensor:
-    """uint8 (B,3,S,S) from the cache -> the encoder's float input, normalised like ``preprocess``."""
-    mean = torch.tensor(cfg.mean, dtype=torch.float32, device=images.device).view(1, 3, 1, 1)
-    std = torch.tensor(cfg.std, dtype=torch.float32, device=images.device).view(1, 3, 1, 1)
-    return (images.float() / 255.0 - mean) / std  # (B, 3, S, S)
-
-
-def _to_uint8(tensor: torch.Tensor, cfg: PreprocessConfig) -> torch.Tensor:
-    """Undo ``preprocess``'s normalisation: uint8 takes a quarter of float32's memory."""
-    mean = torch.tensor(cfg.mean, dtype=torch.float32).view(3, 1, 1)
-    std = torch.tensor(cfg.std, dtype=torch.float32).view(3, 1, 1)
-    pixels = (tensor.float() * std + mean) * 255.0  # (3, S, S)
-    return pixels.round_().clamp_(0, 255).to(torch.uint8)
-
-
-class ImageStore:
-    """Every image of the chosen splits decoded once, resized and cropped, kept as uint8.
-
-    ``store.get(index)`` gives the (3,S,S) uint8 image of ``data.images[index]``; images that
-    cannot be read are left out, logged, and listed in ``store.skipped`` as (path, reason).
-    Memory is 3·S² bytes an image (COCO's 123k images at S=224: 18 GB): pass ``splits`` to
-    decode only what a run needs.
-    """
-
-    def __init__(
-        self,
-        data: KarpathyData,
-        cfg: PreprocessConfig,
-        *,
-        splits: Sequence[str] | None = None,
-        workers: int = 2,
-        progress: bool = True,
-    ) -> None:
-        self.cfg = cfg
-        self.skipped: list[tuple[Path, str]] = []
-        wanted = [i for i, rec in enumerate(data.images) if splits is None or rec.split in splits]
-        paths = [data.images[i].path for i in wanted]
-        pixels, kept = self._decode_all(paths, workers, progress)
-        self.images = pixels if len(kept) == len(wanted) else pixels[kept]  # (N', 3, S, S)
-        self.row_of: dict[int, int] = {wanted[r]: j for j, r in enumerate(kept)}
-
-    def _decode_all(self, paths: list[Path], workers: int, progress: bool) -> tuple[torch.Tensor, list[int]]:
-        """Decode into one preallocated uint8 tensor; returns it and the rows that succeeded."""
-        size = self.cfg.image_size
-        pixels = torch.empty((len(paths), 3, size, size), dtype=torch.uint8)  # (N, 3, S, S)
-        kept: list[int] = []
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            results = _progress(pool.map(self._decode, paths), len(paths), progress)
-            for row, (path, (image, reason)) in enumerate(zip(paths, results)):
-                if image is None:
-                    log.warning("Skipping image %s: %s", path, reason)
-                    self.skipped.append((path, reason))
-                    continue
-                pixels[row] = image
-                kept.append(row)
-        if self.skipped:
-            log.warning("%d of %d images could not be read; their captions are dropped.",
-                        len(self.skipped), len(paths))
-        return pixels, kept
-
-    def _decode(self, path: Path) -> tuple[torch.Tensor | None, str]:
-        try:
-            tensor, _crop = preprocess(load_image(path), self.cfg)  # (3, S, S) float
-        except ImageError as exc:
-            return None, str(exc)
-        return _to_uint8(tensor, self.cfg), ""
-
-    def __contains__(self, index: int) -> bool:
-        return index in self.row_of
-
-    def __len__(self) -> int:
-        return len(self.row_of)
-
-    def get(self, index: int) -> torch.Tensor:
-        """The uint8 (3,S,S) image of ``data.images[index]`` (a view, not a copy)."""
-        return self.images[self.row_of[index]]
-
-    def batch(self, indices: Sequence[int]) -> torch.Tensor:
-        """uint8 (U,3,S,S) for these image indices."""
-        return self.images[[self.row_of[i] for i in indices]]  # (U, 3, S, S)
-
-
-def _progress(items: Any, total: int, enabled: bool) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(items, total=total, desc="decoding images", unit="img",
-                disable=not enabled or not sys.stderr.isatty())
-
-
 # ----------------------------------------------------------------------------- captions
+
+
+_NO_IMAGE = torch.empty(0, dtype=torch.uint8)  # what an item carries in place of unused pixels
 
 
 class CaptionItem(NamedTuple):
@@ -289,11 +195,15 @@ class CaptionItem(NamedTuple):
 class CaptionDataset(Dataset):
     """One item per caption of ``split`` whose image is in the store.
 
-    ``max_len`` truncates captions to that many words (then <end>); references stay whole.
+    ``max_len`` truncates captions to that many words (then <end>); references stay whole. With
+    ``carry_images`` off (a trainer whose cached annotations stand in for the images) items carry an empty
+    image: no pixel is read, or paged in from an on-disk store, for a batch that does not use it.
     """
 
+    carry_images = True
+
     def __init__(
-        self, data: KarpathyData, split: str, vocab: Vocab, store: ImageStore, *, max_len: int | None = None
+        self, data: KarpathyData, split: str, vocab: Vocab, store: ImageRows, *, max_len: int | None = None
     ) -> None:
         self.data, self.split, self.vocab, self.store = data, split, vocab, store
         self.image_ids: list[int] = [i for i in data.split(split) if i in store]
@@ -316,7 +226,8 @@ class CaptionDataset(Dataset):
 
     def __getitem__(self, k: int) -> CaptionItem:
         index, ids = self.captions[k]
-        return CaptionItem(index, torch.tensor(ids, dtype=torch.long), self.store.get(index), k)
+        image = self.store.get(index) if self.carry_images else _NO_IMAGE
+        return CaptionItem(index, torch.tensor(ids, dtype=torch.long), image, k)
 
     def references(self, image_index: int) -> list[list[str]]:
         """All captions of an image as lowercased tokens (for BLEU/CIDEr)."""
@@ -507,7 +418,7 @@ class EvalImages:
     Iterating yields (image indices, uint8 (U,3,S,S)); normalise() before the encoder.
     """
 
-    def __init__(self, data: KarpathyData, split: str, store: ImageStore, *, batch_size: int = 32) -> None:
+    def __init__(self, data: KarpathyData, split: str, store: ImageRows, *, batch_size: int = 32) -> None:
         self.data, self.split, self.store, self.batch_size = data, split, store, batch_size
         self.image_ids: list[int] = [i for i in data.split(split) if i in store]
         if not self.image_ids:

@@ -156,10 +156,18 @@ class Trainer:
     def _decode_images(self) -> None:
         cfg = self.cfg
         started = time.perf_counter()
-        store = ImageStore(self.data, self.preprocess, splits=("train", cfg.data.val_split),
-                           progress=cfg.progress and self.main_process)
+        splits, show = ("train", cfg.data.val_split), cfg.progress and self.main_process
+        if cfg.data.cache:  # memory-mapped from disk; decoded and written there first when no run did yet
+            from sat_core.data.cache import image_store
+
+            store = image_store(cfg.data.cache, self.data, self.preprocess, splits=splits, workers=cfg.data.workers,
+                                progress=show, say=lambda text: print(text, flush=True) if self.main_process else None)
+            where = f"memory-mapped from {store.folder}"
+        else:
+            store = ImageStore(self.data, self.preprocess, splits=splits, workers=cfg.data.workers, progress=show)
+            where = "decoded into RAM (--cache DIR keeps them on disk for every later run)"
         if self.main_process:
-            print(f"images: {len(store):,} read and resized to {self.preprocess.image_size} px in "
+            print(f"images: {len(store):,} at {self.preprocess.image_size} px {where} in "
                   f"{time.perf_counter() - started:.0f} s", flush=True)
         self.store = store
         self.train_set = CaptionDataset(self.data, "train", self.vocab, store)
@@ -241,42 +249,57 @@ class Trainer:
             return self.model.encoder.from_cached(cached).feats  # (U, C, gh, gw) -> (U, L, D)
 
     def _feature_cache(self) -> torch.Tensor | None:
-        """A frozen encoder gives the same annotations every epoch: compute them once (fp16, CPU).
+        """A frozen encoder gives the same annotations every epoch: compute them once (fp16) into one preallocated
+        tensor in RAM or, with --cache DIR, into the on-disk cache, where later runs, resumes and ranks map them.
 
         With --tune-blocks the cache holds the frozen part's output (N, C, gh, gw) instead."""
-        cfg = self.cfg
-        if self.model.encoder.trainable or cfg.data.cache_features == "off":
+        from sat_core.data.cache import DiskImageStore, annotation_cache, encode_rows, encoder_identity, gib
+
+        cfg, encoder = self.cfg, self.model.encoder
+        say = lambda text: print(text, flush=True) if self.main_process else None  # noqa: E731
+        if encoder.trainable or cfg.data.cache_features == "off":
             return None
         n, size = len(self.store.images), self.preprocess.image_size
-        grid = (size // self.model.encoder.stride) ** 2
-        if cfg.data.cache_features == "auto" and n * grid * self.model_config.feature_dim * 2 > 4 * 2**30:
-            return None  # over 4 GiB: encode per batch instead
-        chunks, started = [], time.perf_counter()
+        on_disk = isinstance(self.store, DiskImageStore)
+        estimate = n * (size // encoder.stride) ** 2 * self.model_config.feature_dim * 2
+        if cfg.data.cache_features == "auto" and not on_disk and estimate > 4 * 2**30:
+            say(f"encoder: not caching its annotations: {n:,} images would take {gib(estimate)} of RAM, over the "
+                "4 GiB that --cache-features auto allows, so every image is encoded at every step. Give --cache DIR "
+                "to keep them on disk, or --cache-features on to keep them in RAM all the same.")
+            return None
         # Batches of 32 images at 224 px, 8 at 448 px: larger ones outgrow the cache (114 ms per 448 px
         # image in batches of 64 against 55 in batches of 8 on a 2-core EPYC).
         chunk = max(1, 32 * 224**2 // size**2)
-        what = "the encoder's frozen blocks" if self.model.encoder.tune_blocks else "the frozen encoder"
-        if self.main_process:  # minutes for a scenes world on 2 cores: say so before, not only after
-            print(f"encoder: running {what} once over the {n:,} images (their output is kept for every epoch)…",
-                  flush=True)
+
+        def encode(images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+            x = normalise(images.to(self.device), self.preprocess)  # (b, 3, S, S)
+            if encoder.tune_blocks:
+                fmap = encoder.cacheable(x.float())  # (b, C, gh, gw)
+                return fmap.half().cpu(), (fmap.shape[2], fmap.shape[3])
+            annotations = self.model.encode(x)
+            return annotations.feats.half().cpu(), annotations.grid  # (b, L, D)
+
+        def progress(items):
+            return self._progress_over(items, "encoding", "batch")
+
+        started = time.perf_counter()
         # A new module is in train mode: batch-norm would normalise each chunk by its own statistics
         # (features unlike those at inference) and overwrite the pretrained running averages.
         self.model.eval()
         with torch.no_grad():
-            for start in self._progress_over(range(0, n, chunk), "encoding", "batch"):
-                images = normalise(self.store.images[start : start + chunk].to(self.device), self.preprocess)
-                if self.model.encoder.tune_blocks:
-                    fmap = self.model.encoder.cacheable(images.float())  # (b, C, gh, gw)
-                    chunks.append(fmap.half().cpu())
-                    self.grid = (fmap.shape[2], fmap.shape[3])
-                    continue
-                annotations = self.model.encode(images)
-                chunks.append(annotations.feats.half().cpu())  # (b, L, D)
-                self.grid = annotations.grid
-        cache = torch.cat(chunks)  # (N, L, D), or (N, C, gh, gw) with --tune-blocks
-        if self.main_process:
-            print(f"encoder: {n:,} images in {time.perf_counter() - started:.0f} s "
-                  f"({cache.numel() * 2 / 2**20:.0f} MiB kept in fp16)", flush=True)
+            if on_disk:
+                cached = annotation_cache(self.store, encoder_identity(self.model_config, encoder), encode,
+                                          chunk=chunk, progress=progress, say=say)
+                cache, self.grid, where = cached.tensor, cached.grid, f"memory-mapped from {cached.path}"
+            else:  # minutes for a scenes world on 2 cores: say so before, not only after
+                what = "the encoder's frozen blocks" if encoder.tune_blocks else "the frozen encoder"
+                say(f"encoder: running {what} once over the {n:,} images (their output is kept for every epoch)…")
+                cache, self.grid = encode_rows(self.store, encode, lambda shape: torch.empty((n, *shape),
+                                               dtype=torch.float16), chunk=chunk, progress=progress)
+                where = "kept in RAM"
+        self.train_set.carry_images = False  # the annotations stand in for the images: batches read no pixels
+        say(f"encoder: the annotations of {n:,} images ({gib(cache.numel() * 2)} in fp16) {where}, "
+            f"{time.perf_counter() - started:.0f} s")
         return cache
 
     # -- one epoch
