@@ -10,15 +10,15 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from sat_core.config import ModelConfig
+from sat_core.paths import shipped_checkpoints
 from sat_core.precision import autocast, cpu_has_bf16, resolve
 
-SHIPPED = Path(__file__).resolve().parents[2] / "checkpoints" / "shapes_soft"
+SHIPPED = shipped_checkpoints() / "shapes_soft"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
