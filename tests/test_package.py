@@ -17,6 +17,7 @@ import time
 import tomllib
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
@@ -102,9 +103,13 @@ def test_launcher_passes_the_server_settings_then_the_user_s_options() -> None:
 
 # ---- built, installed, run from elsewhere -------------------------------------------------------
 
-def run(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", CHECKPOINT_DIRS_ENV)}
-    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, **kwargs)
+def fresh_env() -> dict[str, str]:
+    """This environment without the repository on the path nor any SAT_ setting: as a new user runs it."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("SAT_")}
+
+
+def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=cwd, env=fresh_env(), capture_output=True, text=True, timeout=600)
 
 
 def copy_sources(dest: Path) -> Path:
@@ -128,8 +133,17 @@ def venv_with(source: Path, venv: Path, *pip_args: str) -> Path:
     return venv / "bin"
 
 
+def setuptools_version() -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in version("setuptools").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return ()
+
+
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if setuptools_version() < (70, 1):  # what pyproject.toml's build-system asks for, not downloaded here
+        pytest.skip("building offline needs setuptools>=70.1 installed: python3 -m pip install 'setuptools>=70.1'")
     return copy_sources(tmp_path_factory.mktemp("source"))
 
 
@@ -164,14 +178,19 @@ def test_installed_commands_and_app_run_from_another_folder(source: Path, tmp_pa
     missing = run([str(bin_dir / "sat-caption"), "--checkpoint", "nope", "red.png"], cwd=tmp_path)
     assert missing.returncode == 2 and str(site / "sat_core" / "checkpoints") in missing.stderr, missing.stderr
 
-    draw_first_page = ("from streamlit.testing.v1 import AppTest; from explorer import launch; "
-                       "at = AppTest.from_file(str(launch.APP), default_timeout=240).run(); "
-                       "print('exception:', [e.value for e in at.exception]); print(at.sidebar.selectbox[0].value); "
-                       "print(*[m.value for m in at.markdown if m.value.startswith('**Caption')])")
-    drawn = run([str(bin_dir / "python"), "-c", draw_first_page], cwd=tmp_path)
+    assert_first_page_draws(bin_dir / "python", tmp_path)
+    assert_server_starts(bin_dir / "sat-explorer", tmp_path)
+
+
+def assert_first_page_draws(python: Path, cwd: Path) -> None:
+    """The installed app.py, drawn by AppTest: the shipped scenes_soft captions a generated scene (no data/ here)."""
+    draw = ("from streamlit.testing.v1 import AppTest; from explorer import launch; "
+            "at = AppTest.from_file(str(launch.APP), default_timeout=240).run(); "
+            "print('exception:', [e.value for e in at.exception]); print(at.sidebar.selectbox[0].value); "
+            "print(*[m.value for m in at.markdown if m.value.startswith('**Caption')])")
+    drawn = run([str(python), "-c", draw], cwd=cwd)
     assert "exception: []" in drawn.stdout and "scenes_soft" in drawn.stdout, drawn.stdout + drawn.stderr
     assert re.search(r"\*\*Caption:?\*\* \w+", drawn.stdout), drawn.stdout
-    assert_server_starts(bin_dir / "sat-explorer", tmp_path)
 
 
 def free_port() -> int:
@@ -182,9 +201,8 @@ def free_port() -> int:
 
 def assert_server_starts(command: Path, cwd: Path) -> None:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     server = subprocess.Popen([str(command), "--server.port", str(port), "--server.address", "127.0.0.1"], cwd=cwd,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              env=fresh_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and server.poll() is None:
