@@ -2,6 +2,7 @@
 travel inside them when installed, where the code looks for them (sat_core.paths.shipped_checkpoints,
 explorer.launch.SERVER_CONFIGS). An editable install (pip install -e .) reads them in the repository."""
 
+import shutil
 from pathlib import Path
 
 from setuptools import setup
@@ -20,6 +21,8 @@ class BuildPyWithShippedFiles(build_py):
         if self.editable_mode:
             return
         for source, target in OUTSIDE_THE_PACKAGES.items():
+            # An earlier build's copy goes first: a checkpoint deleted since must not travel on from build/.
+            shutil.rmtree(Path(self.build_lib, target), ignore_errors=True)
             for path in _files(Path(source)):
                 dest = Path(self.build_lib, target) / path.relative_to(source)  # a file: the target itself
                 self.mkpath(str(dest.parent))
