@@ -14,7 +14,9 @@ import torch
 from sat_core.config import DecodeConfig
 from sat_core.data.vocab import Vocab
 from sat_core.decoding.scoring import forced_steps
-from sat_core.decoding.steps import Inputs, Intervention, as_batch, encode, sample_mask, suppressed, top_log_probs
+from sat_core.decoding.steps import (
+    Inputs, Intervention, as_batch, draw_words, encode, sample_mask, suppressed, top_log_probs,
+)
 from sat_core.errors import SatError
 from sat_core.models.captioner import Captioner
 from sat_core.models.encoder import Annotations
@@ -94,6 +96,7 @@ def beam_search(
     *,
     intervention: Intervention | None = None,
     generator: torch.Generator | None = None,
+    sample_words: bool = False,
 ) -> list[list[Hypothesis]]:
     """Decode B images at once with K beams each (B·K rows in one tensor); greedy is K = 1.
 
@@ -104,17 +107,25 @@ def beam_search(
     so the others run on fewer rows; the first step runs one row per image, and never ends the caption
     (``suppressed``). In bf16, finished hypotheses within ``cfg.fp32_ties`` of the best are scored again
     in fp32 and ranked by it.
+
+    ``sample_words`` (beam 1 only): each word is drawn from p(y_t | a, y_<t) over the words the step may
+    produce (``generator``, else one seeded with ``cfg.seed``) instead of taken as the best; the
+    hypothesis' ``logprob`` sums the log-probabilities of that renormalised distribution. Self-critical
+    training samples its captions this way.
     """
     cfg = cfg or DecodeConfig()
     K = cfg.beam_size  # DecodeConfig guarantees K ≥ 1 and max_len ≥ 1
+    if sample_words and K != 1:
+        raise SatError(f"Sampling words draws one caption per row: use beam size 1, not {K}.")
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     try:
         with autocast(device, cfg.precision) as precision:
             feats, grid = encode(model, inputs, device)  # (B, L, D)
-            settle = precision == "bf16" and cfg.fp32_ties > 0 and not (model.hard and cfg.hard_mode == "sample")
-            ends, trace = _search(model, feats, device, vocab, cfg, intervention, generator)
+            sampled = sample_words or (model.hard and cfg.hard_mode == "sample")
+            settle = precision == "bf16" and cfg.fp32_ties > 0 and not sampled
+            ends, trace = _search(model, feats, device, vocab, cfg, intervention, generator, sample_words)
         arrays = trace.to_numpy()
         results = []
         for per_image in ends:
@@ -170,7 +181,7 @@ def _settle_ties_in_fp32(model: Captioner, vocab: Vocab, feats: torch.Tensor, re
         results[b].sort(key=_rank)
 
 
-def _search(model, feats, device, vocab, cfg, intervention, generator):
+def _search(model, feats, device, vocab, cfg, intervention, generator, sample_words=False):
     """The beam loop over annotations (B, L, D). Rows are numbered afresh at every step; ``trace`` links
     them back."""
     K = cfg.beam_size
@@ -179,7 +190,7 @@ def _search(model, feats, device, vocab, cfg, intervention, generator):
     active = np.arange(B)  # the images still decoding, in row order
     tokens = torch.full((B,), vocab.start_id, dtype=torch.long, device=device)
     scores = torch.zeros(B, 1, device=device)  # (B', k) log-probabilities of the live rows
-    if model.hard and cfg.hard_mode == "sample" and generator is None:
+    if (sample_words or model.hard and cfg.hard_mode == "sample") and generator is None:
         generator = torch.Generator(device).manual_seed(cfg.seed)
     width = 2 * K  # candidates per image: K to keep, and room for the <end>s among them
     trace, ends = _Trace(), [[] for _ in range(B)]  # ends: (t, row, word, logprob, finished)
@@ -192,9 +203,13 @@ def _search(model, feats, device, vocab, cfg, intervention, generator):
         trace.alphas.append(out.alpha)
         trace.betas.append(out.beta)
         trace.locations.append(out.location)
-        # An image's best candidates are among each row's as many best words (a row's score is a constant).
-        n_top = min(width, V)
-        row_words, logp = top_log_probs(model, out, suppressed(vocab, cfg, t), n_top)  # (n, T), (n, T)
+        # An image's best candidates are among each row's as many best words (a row's score is a constant);
+        # sampling offers one candidate per row: the word it drew.
+        n_top = 1 if sample_words else min(width, V)
+        if sample_words:
+            row_words, logp = draw_words(out, suppressed(vocab, cfg, t), generator)  # (n, 1), (n, 1)
+        else:
+            row_words, logp = top_log_probs(model, out, suppressed(vocab, cfg, t), n_top)  # (n, T), (n, T)
         cand = (logp + scores.view(n, 1)).view(len(active), k * n_top)  # (B', k·T)
         top_scores, top_pos = cand.topk(min(width, k * n_top), dim=1)  # (B', width)
         top_rows = top_pos // n_top + k * torch.arange(len(active), device=device).view(-1, 1)  # (B', width)

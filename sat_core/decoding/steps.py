@@ -167,3 +167,13 @@ def exact_log_probs(model: Captioner, out, words: torch.Tensor) -> torch.Tensor:
     rest = logits.float().scatter_(1, words, -float("inf"))  # (N, V) every other word, as bf16 gave it
     norm = torch.logaddexp(torch.logsumexp(rest, 1, keepdim=True), torch.logsumexp(exact, 1, keepdim=True))
     return exact - norm
+
+
+def draw_words(out, banned: list[int], generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One word per row drawn from the step's distribution over the words it may produce: ids (N, 1) and their
+    fp32 log-probabilities under that distribution (renormalised without the banned ids)."""
+    logits = out.logits.float().clone()  # (N, V) our own copy
+    logits[:, banned] = -float("inf")
+    logp = torch.log_softmax(logits, dim=1)  # (N, V)
+    words = torch.multinomial(logp.exp(), 1, generator=generator)  # (N, 1)
+    return words, logp.gather(1, words)
