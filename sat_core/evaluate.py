@@ -23,6 +23,7 @@ from sat_core.decoding import pick_device
 from sat_core.errors import SatError
 from sat_core.evaluation import generalisation
 from sat_core.evaluation.evaluate import evaluate
+from sat_core.evaluation.metrics import TOKENIZERS, coco_results
 from sat_core.io import write_json_atomic
 
 
@@ -93,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--no-meteor", action="store_true", help="skip METEOR (its JVM takes ~12 s to start)")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, default="plain",
+                   help="plain: score the captions as the vocabulary writes them (lowercase words); ptb: run the COCO "
+                        "server's PTBTokenizer (Java) on captions and references first, for figures comparable with "
+                        "COCO server numbers [default: plain]")
+    p.add_argument("--results-file", metavar="PATH",
+                   help="also write the captions as the COCO evaluation server takes them: "
+                        "[{\"image_id\": …, \"caption\": …}], one per image (image_id: the dataset's cocoid/imgid)")
     p.add_argument("--out", required=True, help="where to write the metrics JSON")
     p.add_argument("--records", help="also write the per-image records to this JSON file")
     p.add_argument("--search-errors", action="store_true",
@@ -125,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             warnings.simplefilter("always")
             with _progress_bar() as progress:
                 result = evaluate(loaded, data, args.split, cfg, limit=args.limit, meteor=not args.no_meteor,
-                                  batch_size=args.batch_size, progress=progress, search_errors=args.search_errors)
+                                  batch_size=args.batch_size, progress=progress, search_errors=args.search_errors,
+                                  tokenizer=args.tokenizer)
             if args.generalisation is not None or args.shifted is not None:
                 result["generalisation"] = generalisation.report(
                     loaded, cfg, result, data, suite_dir=args.generalisation, shifted=args.shifted, limit=args.limit,
@@ -133,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         write_json_atomic(args.out, result)
         if args.records:
             write_json_atomic(args.records, result["records"])
+        if args.results_file:
+            write_json_atomic(args.results_file, coco_results({r["image_id"]: r["caption"] for r in result["records"]}))
         if args.card:
             from sat_core.evaluation.card import write_card
 
@@ -147,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(summary_lines(result)))
     if "generalisation" in result:
         print("\n".join(generalisation.table_lines(result["generalisation"])))
-    print(f"wrote {args.out}" + (f" and {args.records}" if args.records else ""))
+    written_files = [args.out, *(f for f in (args.records, args.results_file) if f)]
+    print(f"wrote {', '.join(written_files)}")
     if args.card:
         print(f"wrote {', '.join(written)} into {loaded.path}")
     return 0

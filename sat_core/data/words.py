@@ -1,4 +1,5 @@
-"""Captions as words: typed text -> the words a model scores, and word-by-word differences of two captions."""
+"""Captions as words: typed text -> the words a model scores, English function words, and word-by-word differences
+of two captions."""
 
 from __future__ import annotations
 
@@ -13,6 +14,25 @@ _WORD = re.compile(r"[a-z0-9]+(?:['’-][a-z0-9]+)*")  # keeps "don't", "t-shirt
 def caption_words(text: str) -> list[str]:
     """Lower-cased words of typed text with punctuation stripped: "Hexagons!" -> ["hexagons"]."""
     return _WORD.findall(text.lower())
+
+
+# English closed-class words: articles and determiners, prepositions, conjunctions, pronouns, auxiliaries, particles.
+# They name nothing in an image whatever a small corpus's statistics suggest: "an" is as frequent in an image's
+# references as the colour it comes before, "in" as the place it introduces. Counts ("two") are not among them.
+FUNCTION_WORDS = frozenset("""
+    a an the this that these those some any each every another other such no
+    of in on at by for from with without to into onto upon over under above below behind beside besides between
+    among near next across along around through toward towards against off out up down about after before during
+    while and or but nor so yet if then than as because although though whether
+    i you he she it we they me him her us them my your his its our their itself himself herself themselves
+    is are was were be been being am 's has have had having do does did can could will would shall should may might
+    must there here where when which who whom whose what how not very too also just only
+""".split())
+
+
+def is_function_word(word: str) -> bool:
+    """Whether ``word`` is an English function word (``FUNCTION_WORDS``): grammar, not content."""
+    return word.lower() in FUNCTION_WORDS
 
 
 @dataclass(frozen=True)

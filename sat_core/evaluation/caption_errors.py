@@ -4,7 +4,10 @@ Which words carry content is learnt from the captions themselves (``WordStats``)
 what is in the image (dog, red, frisbee, running) tends to appear in most of an image's references
 once one of them has it, far more often than in a random caption; a function word (a, the, of, is)
 appears everywhere at about its base rate. The ratio of the two, the *lift*, separates them without
-a word list, so the labels mean the same on Flickr8k, COCO or the embedded worlds.
+a list of content words, so the labels mean the same on Flickr8k, COCO or the embedded worlds. English
+function words (``data.words.FUNCTION_WORDS``) are function words whatever their lift: "an" rides on
+the lift of the colour it comes before and "in" on that of the place it introduces, and a caption that
+says "on" where its references say "in" has not missed a word.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sat_core.data.vocab import UNK
+from sat_core.data.words import FUNCTION_WORDS, is_function_word
 
 REFERENCE_LABELS = ("hallucinated_word", "missed_word", "repetition", "unk", "truncated", "too_short", "too_long")
 CONTENT_LIFT = 2.0  # a word at least this much likelier in an image's other references is content
@@ -28,6 +32,9 @@ def _norm(word: str) -> str:
     if len(word) > 4 and word.endswith(("sses", "xes", "ches", "shes")):
         return word[:-2]
     return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
+
+
+_FUNCTION_NORMS = frozenset(_norm(w) for w in FUNCTION_WORDS)
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,8 @@ class WordStats:
         if word == UNK:
             return "unknown"
         w = _norm(word)
+        if is_function_word(word) or w in _FUNCTION_NORMS:  # "this" is matched as "thi", "does" as "doe"
+            return "function"
         if self.counts.get(w, 0) < MIN_COUNT or w not in self.lift:
             return "content"
         return "content" if self.lift[w] >= CONTENT_LIFT else "function"

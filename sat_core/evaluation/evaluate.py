@@ -24,6 +24,8 @@ import torch
 
 from sat_core.evaluation import alpha
 from sat_core.evaluation.caption_errors import WordStats, check_against_references
+from sat_core.data.vocab import UNK
+from sat_core.data.words import is_function_word
 from sat_core.checkpoint import LoadedCheckpoint
 from sat_core.precision import resolve
 from sat_core.config import DecodeConfig
@@ -225,17 +227,32 @@ def image_record(dec: Decoded, scores: dict[str, float], stats: WordStats) -> tu
     return record, grounding
 
 
-# A word no world names is "content" or "function" by the checkpoint's own word statistics (``WordStats``, learnt
-# from its training captions): "astronaut" is content, "the" function, on any dataset.
-SUMMARY_KINDS = (*WORD_KINDS[:-1], "content", "function")
+# The kinds of an embedded world's words (shape, colour, …) hold on that world's images only; every other word, and
+# every word of another dataset, is content or function by the checkpoint's own word statistics (``WordStats``,
+# learnt from its training captions): "astronaut" and, on a photo dataset, "red" are content, "the" and "in"
+# function. A word there are no statistics for is "unclassified", not guessed.
+SUMMARY_KINDS = (*WORD_KINDS[:-1], "content", "function", "unclassified")
 
 
-def summary_kind(word: str, stats: WordStats) -> str:
-    """The kind a word is summarised under: its world kind, else content / function by ``stats``."""
-    from sat_core.evaluation.grounding import word_kind
+def dataset_world(decoded: Sequence[Decoded]) -> Any:
+    """The embedded world whose generator made these images (their records carry its objects), else None."""
+    from sat_core import worlds
 
-    kind = word_kind(word)
-    return kind if kind != "function" else ("content" if stats.kind(word) == "content" else "function")
+    objects = next((d.record.objects for d in decoded if d.record.objects), None)
+    return worlds.of(objects) if objects else None
+
+
+def summary_kind(word: str, stats: WordStats, world: Any = None) -> str:
+    """The kind a word is summarised under: its kind in ``world`` (the data's embedded world, None for other
+    data), else content / function by ``stats``; "unclassified" when nothing is known of it."""
+    kind = world.word_kind(word) if world is not None else None
+    if kind is not None and kind != "function":
+        return kind
+    if is_function_word(word):
+        return "function"
+    if not stats.counts or word == UNK:
+        return "unclassified"
+    return stats.kind(word)
 
 
 def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, Any]],
@@ -246,7 +263,8 @@ def attention_summary(decoded: Sequence[Decoded], records: Sequence[dict[str, An
     alphas = [d.hypothesis.alphas[: len(d.hypothesis.words)] for d in decoded if d.hypothesis.words]
     L = decoded[0].hypothesis.alphas.shape[1]
     entropy = alpha.entropy(np.concatenate(alphas)) if alphas else np.zeros(0)
-    kinds = [summary_kind(w, stats) for d in decoded for w in d.hypothesis.words]
+    world = dataset_world(decoded)
+    kinds = [summary_kind(w, stats, world) for d in decoded for w in d.hypothesis.words]
     out: dict[str, Any] = {
         "n_words": int(entropy.size), "regions": L,
         "entropy_nats": _mean(entropy),
@@ -285,22 +303,24 @@ def correctness_by_kind(words: Sequence[dict[str, Any]]) -> dict[str, dict[str, 
 
 def beta_by_kind(decoded: Sequence[Decoded], stats: WordStats | None = None) -> dict[str, dict[str, float]]:
     """Mean gate β_t over the generated words of each kind (``summary_kind``; call only for gated models)."""
-    stats = stats or WordStats()
+    stats, world = stats or WordStats(), dataset_world(decoded)
     values: dict[str, list[float]] = {}
     for d in decoded:
         for word, beta in zip(d.hypothesis.words, d.hypothesis.betas):
-            values.setdefault(summary_kind(word, stats), []).append(float(beta))
+            values.setdefault(summary_kind(word, stats, world), []).append(float(beta))
     return {k: {"n": len(values[k]), "mean": float(np.mean(values[k]))} for k in SUMMARY_KINDS if k in values}
 
 
 def score_decoded(decoded: Sequence[Decoded], *, gated: bool, stats: WordStats,
-                  meteor: bool = True) -> dict[str, Any]:
-    """Corpus metrics, grounded accuracy, attention figures, β by kind and records of decoded images."""
+                  meteor: bool = True, tokenizer: str = "plain") -> dict[str, Any]:
+    """Corpus metrics (``tokenizer``: ``metrics.TOKENIZERS``), grounded accuracy, attention figures, β by kind and
+    records of decoded images."""
     from sat_core.evaluation.grounding import aggregate
     from sat_core.evaluation.metrics import caption_metrics
 
     refs = {d.index: [" ".join(s) for s in d.record.sentences] for d in decoded}
-    report = caption_metrics(refs, {d.index: d.hypothesis.caption for d in decoded}, meteor=meteor)
+    report = caption_metrics(refs, {d.index: d.hypothesis.caption for d in decoded}, meteor=meteor,
+                             tokenizer=tokenizer)
     records, groundings = [], []
     for d in decoded:
         record, grounding = image_record(d, report.per_image[d.index], stats)
@@ -353,15 +373,16 @@ def evaluate_images(
     batch_size: int = 32,
     progress: Progress | None = None,
     search_errors: bool = False,
+    tokenizer: str = "plain",
 ) -> dict[str, Any]:
     """Decode ``data.images[i]`` for each index and compute every evaluation figure and record."""
     decoded, skipped = decode_images(loaded, data, indices, cfg, batch_size=batch_size, progress=progress,
                                      search_errors=search_errors)
     scored = score_decoded(decoded, gated=bool(loaded.model.decoder.gated), stats=word_stats(loaded, data),
-                           meteor=meteor)
+                           meteor=meteor, tokenizer=tokenizer)
     precision = resolve(next(loaded.model.parameters()).device, cfg.precision)
     return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len,
-            "length_norm": cfg.length_norm, "precision": precision,
+            "length_norm": cfg.length_norm, "precision": precision, "tokenizer": tokenizer,
             "n_images": len(decoded), "skipped": skipped, **scored}
 
 
@@ -376,12 +397,13 @@ def evaluate(
     batch_size: int = 32,
     progress: Progress | None = None,
     search_errors: bool = False,
+    tokenizer: str = "plain",
 ) -> dict[str, Any]:
     """Decode a split (or its first ``limit`` images) and compute every evaluation figure."""
     indices = _split_indices(data, split, limit)
     return {"split": split, "dataset": str(data.json_path),
             **evaluate_images(loaded, data, indices, cfg, meteor=meteor, batch_size=batch_size, progress=progress,
-                              search_errors=search_errors)}
+                              search_errors=search_errors, tokenizer=tokenizer)}
 
 
 def read_records(path: str | Path) -> dict[str, Any]:

@@ -5,9 +5,15 @@ explorer all call :func:`caption_metrics`, so every number in the project comes 
 standard COCO caption evaluation code.
 
 Inputs must already be tokenised: lowercase words joined by single spaces, the form the
-vocabulary produces. The COCO ``PTBTokenizer`` is deliberately not run — it needs Java and
-rewrites tokens (drops punctuation, splits clitics), so scores would no longer match the
-captions the model actually produced. We only lowercase and collapse whitespace here.
+vocabulary produces; by default we only lowercase and collapse whitespace, so the scores are
+those of the captions the model actually produced. ``tokenizer="ptb"`` runs the COCO evaluation
+server's own step first, Stanford's ``PTBTokenizer`` (Java): it splits clitics ("man's" -> "man
+'s") and drops punctuation, which matters for references typed with them (COCO's raw captions),
+and gives figures comparable with papers that report COCO server numbers.
+
+``coco_results`` / ``check_coco_results``: the captions as the COCO evaluation server takes them,
+``[{"image_id": int, "caption": str}, …]``, one per image, and the checks pycocotools' ``loadRes``
+relies on.
 
 METEOR runs a Java program. Without ``java`` on the PATH it is skipped with a warning and left
 out of the report. Its JVM takes ~12 s to start, so one process is kept per Python process
@@ -28,6 +34,7 @@ from typing import Any
 from sat_core.errors import SatError
 
 BLEU_KEYS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4")
+TOKENIZERS = ("plain", "ptb")  # plain: lowercase and whitespace only; ptb: the COCO server's PTBTokenizer
 METRIC_KEYS = (*BLEU_KEYS, "METEOR", "ROUGE-L", "CIDEr")
 
 # A METEOR call that takes longer than this is treated as a hung JVM: the process is killed,
@@ -155,25 +162,56 @@ def _meteor_scores(
             watchdog.cancel()
 
 
+def _ptb_tokenised(gts: dict[Hashable, list[str]], res: dict[Hashable, list[str]]
+                   ) -> tuple[dict[Hashable, list[str]], dict[Hashable, list[str]]]:
+    """Both sides through pycocoevalcap's PTBTokenizer (one Java run), as the COCO server does."""
+    if shutil.which("java") is None:
+        raise SatError("--tokenizer ptb runs Stanford's PTBTokenizer, a Java program, and there is no `java` on the "
+                       "PATH: install a Java runtime (e.g. apt-get install default-jre-headless) or use "
+                       "--tokenizer plain.")
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    ids = list(gts)
+    both = {("ref", i): [{"caption": c} for c in gts[i]] for i in ids}
+    both.update({("hyp", i): [{"caption": c} for c in res[i]] for i in ids})
+    try:
+        tokenised = PTBTokenizer().tokenize(both)
+    except (OSError, ValueError) as exc:  # it writes a temporary file beside its jar, then runs java
+        raise SatError(f"The PTB tokenizer failed ({exc}); it needs write access to pycocoevalcap's tokenizer "
+                       "folder and a working `java`. Use --tokenizer plain meanwhile.") from None
+    out_gts = {i: [r for r in tokenised.get(("ref", i), []) if r] for i in ids}
+    empty = [i for i, refs in out_gts.items() if not refs]
+    if empty:
+        raise SatError(f"After PTB tokenisation image {empty[0]!r} has no reference left (punctuation only); drop it "
+                       "or fix its references.")
+    return out_gts, {i: tokenised.get(("hyp", i), [""])[:1] or [""] for i in ids}
+
+
 def caption_metrics(
     references: Mapping[Hashable, list[str]],
     hypotheses: Mapping[Hashable, str],
     *,
     meteor: bool = True,
+    tokenizer: str = "plain",
 ) -> MetricReport:
     """Score one hypothesis per image against its references with the COCO caption metrics.
 
     ``references``: image id -> reference captions; ``hypotheses``: image id -> one caption.
-    Both must be pre-tokenised (space-joined words); they are lowercased and whitespace is
-    collapsed, nothing more. The id sets must be equal (SatError otherwise). An empty
-    hypothesis scores 0. CIDEr's document frequencies come from the scored set itself, so
-    CIDEr of a single image is always 0. ``meteor=False`` skips the Java scorer.
+    With ``tokenizer="plain"`` both must be pre-tokenised (space-joined words); they are lowercased
+    and whitespace is collapsed, nothing more. ``"ptb"``: the COCO server's PTBTokenizer (Java) runs
+    on both first. The id sets must be equal (SatError otherwise). An empty hypothesis scores 0.
+    CIDEr's document frequencies come from the scored set itself, so CIDEr of a single image is
+    always 0. ``meteor=False`` skips the Java scorer.
     """
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
     from pycocoevalcap.rouge.rouge import Rouge
 
+    if tokenizer not in TOKENIZERS:
+        raise SatError(f"tokenizer must be one of {', '.join(TOKENIZERS)}, not {tokenizer!r}.")
     gts, res = _prepare(references, hypotheses)
+    if tokenizer == "ptb":
+        gts, res = _ptb_tokenised(gts, res)
     ids = list(gts)
     corpus: dict[str, float] = {}
     per_image: dict[Hashable, dict[str, float]] = {i: {} for i in ids}
@@ -196,3 +234,37 @@ def caption_metrics(
     record("ROUGE-L", *Rouge().compute_score(gts, res))
     record("CIDEr", *Cider().compute_score(gts, res))
     return MetricReport(corpus=corpus, per_image=per_image, notes=notes)
+
+
+# ---- the COCO evaluation server's results format -------------------------------------------------------
+
+def coco_results(captions: Mapping[Any, str]) -> list[dict[str, Any]]:
+    """``[{"image_id": id, "caption": caption}, …]`` in the order given, checked by ``check_coco_results``."""
+    results = [{"image_id": image_id, "caption": caption} for image_id, caption in captions.items()]
+    check_coco_results(results)
+    return results
+
+
+def check_coco_results(results: Any, image_ids: Any = None) -> None:
+    """Raise SatError unless ``results`` is what pycocotools' ``COCO.loadRes`` and the COCO caption server take:
+    a non-empty list of objects with exactly ``image_id`` (an int, as COCO's ids are; a str for datasets whose ids
+    are names) and ``caption`` (a str), one per image; with ``image_ids``, every id among them."""
+    if not isinstance(results, list) or not results:
+        raise SatError("A COCO results file is a non-empty JSON list of {\"image_id\": …, \"caption\": …} objects.")
+    seen: set[Any] = set()
+    for k, entry in enumerate(results):
+        if not isinstance(entry, dict) or set(entry) != {"image_id", "caption"}:
+            keys = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+            raise SatError(f"Result {k} has {keys}; each result holds exactly image_id and caption.")
+        image_id, caption = entry["image_id"], entry["caption"]
+        if isinstance(image_id, bool) or not isinstance(image_id, (int, str)):
+            raise SatError(f"Result {k}: image_id {image_id!r} is a {type(image_id).__name__}; COCO's ids are ints.")
+        if not isinstance(caption, str):
+            raise SatError(f"Result {k}: the caption of image {image_id!r} is a {type(caption).__name__}, not a string.")
+        if image_id in seen:
+            raise SatError(f"Image {image_id!r} has more than one caption; the COCO server scores one per image.")
+        seen.add(image_id)
+    if image_ids is not None and not seen <= set(image_ids):
+        unknown = sorted(seen - set(image_ids), key=str)
+        raise SatError(f"{len(unknown)} results name images the dataset does not have (e.g. {unknown[:3]}); "
+                       "loadRes refuses them.")
