@@ -5,6 +5,8 @@
     python -m sat_core.bench agreement --checkpoint checkpoints/shapes_soft --data data/world/dataset.json --images data/world
     python -m sat_core.bench compile [--device …] [--quick]
     python -m sat_core.bench graph --device cuda [--quick] [--json OUT]
+    python -m sat_core.bench startup --data data/bench_world/dataset.json --images data/bench_world [--json OUT]
+    python -m sat_core.bench formats [--rows 4000] [--work /tmp/sat-bench]
 
 Every table says which precision ran (``sat_core.precision``); ``--precision all`` (the default) runs
 fp32 and, where the hardware has native bf16, bf16: one table per precision.
@@ -43,6 +45,13 @@ fp32 and bf16, three ways: eager, replayed from a CUDA graph captured once (``to
 seconds each took to build and the largest logit difference from eager; beside them the whole beam
 step of ``beam_search`` at the same size, eager, for scale. A GPU step of this model is a few hundred
 small kernels, so launching them, not running them, is what a graph can save.
+
+``startup`` (``benchmarks/startup.py``): seconds until the first training step and peak resident memory of a
+first run, a resume and a 2-rank DDP run (gloo, CPU), with the images decoded into RAM at every start and with
+the on-disk preprocessing cache (``--cache DIR``); ``--baseline-tree`` runs the in-RAM rows on another checkout
+(the code from before the cache).
+``formats`` (``benchmarks/formats.py``): the cache's rows as numpy .npy, HDF5 and LMDB: write, open, and a
+random batch read warm and cold.
 
 ``agreement``: decodes a checkpoint's split in fp32 and in bf16 and reports the share of images whose
 best caption is the same, and both BLEU-4s.
@@ -114,7 +123,7 @@ def _devices(name: str) -> list[torch.device]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sat_core.bench", description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=("train", "decode", "agreement", "compile", "graph"))
+    p.add_argument("what", choices=("train", "decode", "agreement", "compile", "graph", "startup", "formats"))
     p.add_argument("--device", default="auto", help="auto (CPU, and CUDA when present) | cpu | cuda")
     p.add_argument("--precision", default="all", choices=("all", *PRECISIONS),
                    help="all: fp32 and, where the hardware has native bf16, bf16 (train, decode)")
@@ -134,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--length-norm", type=float, default=0.0,
                    help="agreement: beam search's length normalisation (the scenes models are evaluated with 1)")
     p.add_argument("--limit", type=int, default=0, help="agreement: first N images only (0: all)")
+    p.add_argument("--preset", default=str(Path(__file__).parent / "presets" / "scenes_soft.json"),
+                   help="startup: the TrainConfig JSON whose model and batching it trains (its data is replaced)")
+    p.add_argument("--work", default="/tmp/sat-bench", help="startup, formats: folder for runs, the cache, the files")
+    p.add_argument("--baseline-tree", default="",
+                   help="startup: run the in-RAM cases with the code of this checkout (from before the cache)")
+    p.add_argument("--rows", type=int, default=4000, help="formats: images (rows of 3 × 224 × 224) written")
     return p
 
 
@@ -201,6 +216,10 @@ def _run_command(args: argparse.Namespace, devices: list[torch.device]) -> dict[
               + (f"; fused C loop (sat_core/native) {figures['fused_ms']:.1f} ms (largest difference "
                  f"{figures['fused_max_abs_diff']:.1e})" if figures["fused_ms"] is not None else
                  "; fused C loop not available here"))
+    elif args.what in ("startup", "formats"):
+        from sat_core.benchmarks.startup import run_io
+
+        figures = run_io(args)
     elif args.what == "graph":
         figures = {"graph": run_graph(devices[-1], quick=args.quick, precision=args.precision)}
         print(_by_precision(figures["graph"], GRAPH_COLUMNS,
