@@ -408,7 +408,9 @@ def make_loader(
         sampler: BucketBatchSampler = ImageBatchSampler([i for i, _ in dataset.captions], batch_size, **kwargs)
     else:
         sampler = BucketBatchSampler(dataset.lengths, batch_size, **kwargs)
-    # Images are already decoded in memory: worker processes would only copy them.
+    # No worker processes: an item is a row of a decoded store (in RAM, or the on-disk cache's mapping) or, when
+    # cached annotations stand in for the images, no pixels at all (CaptionDataset.carry_images), so a batch is
+    # a few row copies; workers would add their start-up at every epoch and draw from the global RNG.
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=0)
 
 
