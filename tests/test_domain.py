@@ -42,6 +42,24 @@ def test_domain_check_separates_photos_from_synthetic_scenes(explorer_env):
     assert any("strongly coloured" in r for r in grey.reasons)
 
 
+def test_a_grey_image_is_warned_about_while_most_references_have_colour(explorer_env):
+    """Training on a few grey pictures does not let a model read colours off a grey one: with a tenth of the
+    references grey the grey scene is still warned about; with half of them grey it is not."""
+    from sat_core.evaluation.domain import GREY_REFERENCES_MAX
+
+    scenes = _scenes(explorer_env, "train")
+    greyed = [im.convert("L").convert("RGB") for im in scenes]
+    probe = _scenes(explorer_env, "test")[0].convert("L").convert("RGB")
+    few = DomainReference.from_images(greyed[:4] + scenes[4:])  # 4 of 40 grey
+    assert few.min_coloured_share == 0.0 and few.grey_references() == 4
+    warned = few.check(probe)
+    assert any("is grey" in r and "4 of the 40" in r for r in warned.reasons)
+    assert not few.check(_scenes(explorer_env, "test")[0]).far  # the same scene in colour: no warning
+    half = DomainReference.from_images(greyed[:20] + scenes[20:])
+    assert half.grey_references() == 20 >= GREY_REFERENCES_MAX * 40
+    assert not any("grey" in r for r in half.check(probe).reasons)
+
+
 def _photo(name: str) -> Image.Image:
     from skimage import data
 

@@ -20,6 +20,8 @@ from sat_core.errors import SatError
 _SAT_BINS = 8
 _FEATURE_SIDE = 56  # px: box-downsampling first removes JPEG chroma noise and sensor noise
 _COLOURED_MIN_SHARE = 0.005  # under this share of strongly coloured pixels an image counts as grey
+_GREY_REFERENCE_BIN0 = 0.995  # a reference whose saturation histogram lies this much in its lowest bin is grey
+GREY_REFERENCES_MAX = 0.25  # a grey image is warned about while fewer of the references than this are grey
 ANNOTATION_MARGIN = 1.2  # warn when the nearest training image is this many times farther than usual
 _ENCODE_BATCH = 16
 
@@ -165,9 +167,8 @@ class DomainReference:
                 f"its colour statistics are {dist:.2f} from the nearest of {len(self.features)} reference images "
                 f"(threshold {self.threshold:.2f})"
             )
-        if self.min_coloured_share >= _COLOURED_MIN_SHARE and share < _COLOURED_MIN_SHARE:
-            reasons.append(f"it has almost no strongly coloured pixels ({100 * share:.2f} %), unlike every "
-                           f"reference image (at least {100 * self.min_coloured_share:.1f} %)")
+        if share < _COLOURED_MIN_SHARE:
+            reasons += self._grey_reasons(share)
         ratio = None
         if self.annotations is not None and annotation is not None:
             ratio = self.annotations.ratio(annotation)
@@ -177,3 +178,19 @@ class DomainReference:
                     f"{len(self.annotations.features)} reference images as the loneliest reference image "
                     f"lies from the rest (it warns above {self.annotations.margin:.1f}×)")
         return DomainCheck(dist, self.threshold, share, reasons, self.source, ratio)
+
+    def grey_references(self) -> int:
+        """How many reference images are grey (their saturation histogram all in its lowest bin)."""
+        return int((self.features[:, 0] >= _GREY_REFERENCE_BIN0).sum())
+
+    def _grey_reasons(self, share: float) -> list[str]:
+        """A grey image's reason to warn: the references were coloured, every one or most. A model that saw
+        some grey pictures still reads colour words off colour, so on a grey one they are guesses."""
+        if self.min_coloured_share >= _COLOURED_MIN_SHARE:
+            return [f"it has almost no strongly coloured pixels ({100 * share:.2f} %), unlike every "
+                    f"reference image (at least {100 * self.min_coloured_share:.1f} %)"]
+        grey, total = self.grey_references(), len(self.features)
+        if grey < GREY_REFERENCES_MAX * total:
+            return [f"it is grey (only {100 * share:.2f} % of its pixels strongly coloured), like just {grey} of the "
+                    f"{total} reference images: the colours its caption names are guesses"]
+        return []
