@@ -10,6 +10,7 @@ into command-line flags. Every checkpoint stores ``ModelConfig`` and ``Preproces
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import json
 import math
@@ -290,7 +291,8 @@ class DataConfig(Config):
     train_images: int = option(0, "train on the first N images of the train split; 0: all of them", low=0)
     val_split: str = option("val", "split used for validation")
     val_images: int = option(0, "validate on the first N images; 0: the whole split", low=0)
-    batch_size: int = option(64, "captions per optimizer step", low=1)
+    batch_size: int = option(64, "captions per optimizer step, over all processes together under torchrun (each takes "
+                             "an equal share: it must divide by their number)", low=1)
     batching: str = option("length", "length: equal-length buckets (the paper) | image: an image's captions together",
                            choices=("length", "image"))
     cache_features: str = option("auto", "frozen encoder: encode each image once per run",
@@ -310,10 +312,19 @@ class OptimConfig(Config):
                                      "objects' share of each cell; synthetic worlds with masks only; 0: α learns "
                                      "from the captions alone, as in the paper", low=0.0)
     optimizer: str = option("adam", "optimizer", choices=("adam", "rmsprop"))
-    lr: float = option(1e-3, "learning rate", low=0.0)
+    lr: float = option(1e-3, "learning rate of a step of --batch-size captions (the global batch: the same under "
+                       "torchrun as in one process)", low=0.0)
     lr_schedule: str = option("constant", "constant: --lr throughout | cosine: from --lr down to --lr-final × --lr "
-                              "over --epochs (per optimizer step)", choices=("constant", "cosine"))
-    lr_final: float = option(0.05, "cosine schedule: the last step's rate as a share of --lr", low=0.0)
+                              "over --epochs (per optimizer step) | plateau: --lr, times --plateau-factor after "
+                              "--plateau-patience epochs without a better validation --select-metric",
+                              choices=("constant", "cosine", "plateau"))
+    lr_final: float = option(0.05, "cosine schedule: the last step's rate as a share of --lr; plateau: the lowest "
+                             "share it cuts down to", low=0.0)
+    warmup_steps: int = option(0, "optimizer steps (of the global batch) over which the rate rises linearly to the "
+                               "schedule's, before any schedule; 0: none", low=0)
+    plateau_factor: float = option(0.5, "plateau schedule: what the rate is multiplied by at each cut", low=0.0)
+    plateau_patience: int = option(1, "plateau schedule: epochs without a better validation --select-metric before "
+                                   "each cut (below --patience, which stops the run)", low=1)
     weight_decay: float = option(0.0, "L2 weight decay", low=0.0)
     encoder_lr_scale: float = option(0.1, "learning rate of trained encoder blocks (--tune-blocks) as a share of "
                                      "the decoder's", low=0.0)
@@ -331,15 +342,27 @@ class OptimConfig(Config):
     def validate(self) -> None:
         if self.lr_final > 1:
             raise SatError(f"OptimConfig.lr_final is a share of --lr, at most 1, not {self.lr_final}.")
+        if self.lr_schedule == "plateau" and not 0 < self.plateau_factor < 1:
+            raise SatError(f"--plateau-factor multiplies the rate at each cut: above 0 and below 1, not "
+                           f"{self.plateau_factor}.")
+        if self.lr_schedule == "plateau" and self.patience and self.plateau_patience >= self.patience:
+            raise SatError(f"--plateau-patience {self.plateau_patience} would never cut the rate: --patience "
+                           f"{self.patience} stops the run first. Give a smaller --plateau-patience, a larger "
+                           "--patience, or --patience 0.")
 
-    def lr_at(self, step: int, steps_per_epoch: int, epochs: int | None = None) -> float:
-        """The rate for optimizer step ``step`` (0-based): cosine from lr to lr_final·lr over all the epochs
-        (``epochs``, when the time budget fits fewer than ``self.epochs``)."""
+    def lr_at(self, step: int, steps_per_epoch: int, epochs: int | None = None, plateau: float = 1.0) -> float:
+        """The rate for optimizer step ``step`` (0-based): a linear warmup over the first ``warmup_steps``, then
+        constant, cosine from lr to lr_final·lr over the rest of the epochs (``epochs``, when the time budget fits
+        fewer than ``self.epochs``), or lr times ``plateau`` (the share the plateau cuts have left)."""
+        warm = min((step + 1) / self.warmup_steps, 1.0) if self.warmup_steps else 1.0
+        if self.lr_schedule == "plateau":
+            return self.lr * plateau * warm
         if self.lr_schedule == "constant":
-            return self.lr
-        progress = min(step / max((epochs or self.epochs) * steps_per_epoch, 1), 1.0)
+            return self.lr * warm
+        total = (epochs or self.epochs) * steps_per_epoch - self.warmup_steps
+        progress = min(max(step - self.warmup_steps, 0) / max(total, 1), 1.0)
         share = self.lr_final + (1 - self.lr_final) * 0.5 * (1 + math.cos(math.pi * progress))
-        return self.lr * share
+        return self.lr * share * warm
 
 
 @dataclass(frozen=True)
@@ -356,11 +379,15 @@ class TrainConfig(Config):
                                   "local copy of torchvision's ImageNet weights for vgg19/resnet (then frozen)")
     seed: int = option(0, "seed of initialisation, shuffling, dropout and hard samples", low=0)
     device: str = option("auto", "auto | cpu | cuda[:N]")
-    precision: str = option("auto", "auto | fp32 | bf16 for training steps; auto: bf16 on CUDA, on CPUs with AMX and "
-                            "on AMD CPUs with AVX512-BF16 (weights, optimizer state, h/c and the loss stay fp32)",
-                            choices=("auto", "fp32", "bf16"))
+    precision: str = option("auto", "auto | fp32 | bf16 | fp16 for training steps; auto: bf16 on CUDA GPUs that have "
+                            "it, fp16 with a gradient scaler on older ones, bf16 on CPUs with AMX and on AMD CPUs with "
+                            "AVX512-BF16 (weights, optimizer state, h/c and the loss stay fp32); fp16: CUDA only",
+                            choices=("auto", "fp32", "bf16", "fp16"))
     channels_last: bool = option(True, "channels-last encoder inputs, CUDA only")
     progress: bool = option(True, "progress bars")
+    log_every: int = option(1, "optimizer steps between rows of RUN/steps.csv and RUN/tb/ (TensorBoard: loss terms, "
+                            "rate, throughput; validation figures and sample captions with their α each epoch); "
+                            "0: neither, log.jsonl only", low=0)
     allow_random_encoder: bool = option(False, "allow a frozen vgg/resnet encoder without pretrained weights")
 
     @classmethod
@@ -372,6 +399,7 @@ class TrainConfig(Config):
             data.setdefault("precision", "auto" if amp else "fp32")
         if _is_flat(data):
             data = _nest_flat(data)
+        _refuse_unknown_sections(data)
         return super().from_dict(data)
 
 
@@ -382,10 +410,31 @@ _FLAT_RENAMES = {"data": ("data", "dataset"), "val_beam": ("val", "beam_size"), 
 
 
 def _is_flat(data: Any) -> bool:
+    """A file of the pre-section layout: a string "data", or a section's field at the top (an unknown key alone is a
+    mistake of today's layout, reported by ``_refuse_unknown_sections``)."""
     if not isinstance(data, dict):
         return False
+    if isinstance(data.get("data"), str):
+        return True
     top = {f.name for f in dataclasses.fields(TrainConfig)}
-    return any(k not in top for k in data) or isinstance(data.get("data"), str)
+    flat = {f.name for cls in _SECTIONS.values() for f in dataclasses.fields(cls)} | set(_FLAT_RENAMES)
+    return any(k not in top and k in flat for k in data)
+
+
+def _refuse_unknown_sections(data: Any) -> None:
+    """A misspelt section or top-level field, reported as that and with the nearest known name."""
+    if not isinstance(data, dict):
+        return
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    sections = [name for name, f in fields.items() if "prefix" in f.metadata]
+    for key, value in data.items():
+        if key in fields:
+            continue
+        kind = "section" if isinstance(value, dict) else "field"
+        near = difflib.get_close_matches(key, list(fields), n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+        raise SatError(f"Unknown {kind} {key!r} in the config; the sections are {', '.join(sections)} and the other "
+                       f"fields {', '.join(sorted(set(fields) - set(sections)))}.{hint}")
 
 
 def _nest_flat(flat: dict[str, Any]) -> dict[str, Any]:

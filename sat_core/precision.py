@@ -26,6 +26,7 @@ import torch
 from sat_core.errors import SatError
 
 PRECISIONS = ("auto", "fp32", "bf16")
+TRAINING_PRECISIONS = (*PRECISIONS, "fp16")  # fp16 trains behind a gradient scaler, on CUDA only
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
@@ -79,19 +80,47 @@ def describe_cpu() -> str:
 
 def describe(device: torch.device | str) -> str:
     """``describe_cpu()`` on a CPU; on CUDA, that ``auto`` is bf16 there."""
-    return "CUDA GPU: auto = bf16" if torch.device(device).type == "cuda" else describe_cpu()
+    if torch.device(device).type != "cuda":
+        return describe_cpu()
+    return "CUDA GPU: auto = bf16" if cuda_has_bf16() else "CUDA GPU without bf16: auto = fp32 (training: fp16)"
+
+
+def cuda_has_bf16() -> bool:
+    """True when the CUDA GPU computes in bf16 (Ampere and later); older GPUs refuse bf16 autocast."""
+    return torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 def resolve(device: torch.device | str, precision: str = "auto") -> str:
-    """``"bf16"`` or ``"fp32"``: what ``precision`` means on ``device``."""
+    """``"bf16"`` or ``"fp32"``: what ``precision`` means on ``device`` (decoding; training: ``resolve_training``)."""
     if precision not in PRECISIONS:
         raise SatError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}.")
     if precision != "auto":
         return precision
     kind = torch.device(device).type
     if kind == "cuda":
-        return "bf16"
+        return "bf16" if cuda_has_bf16() else "fp32"
     return "bf16" if kind == "cpu" and cpu_bf16_pays() else "fp32"
+
+
+def resolve_training(device: torch.device | str, precision: str = "auto") -> str:
+    """``"bf16"``, ``"fp16"`` or ``"fp32"`` for training steps: as ``resolve``, except that ``auto`` on a CUDA GPU
+    without bf16 is fp16 (with ``grad_scaler``), and ``fp16`` is refused off CUDA (CPUs keep bf16 or fp32)."""
+    if precision not in TRAINING_PRECISIONS:
+        raise SatError(f"precision must be one of {', '.join(TRAINING_PRECISIONS)}, not {precision!r}.")
+    cuda = torch.device(device).type == "cuda"
+    if precision == "fp16" and not cuda:
+        raise SatError("--precision fp16 trains on a CUDA GPU only (with a gradient scaler); on a CPU use bf16, "
+                       "fp32 or auto.")
+    if precision == "auto" and cuda and not cuda_has_bf16():
+        return "fp16"
+    return precision if precision == "fp16" else resolve(device, precision)
+
+
+def grad_scaler(device: torch.device | str, resolved: str) -> torch.amp.GradScaler | None:
+    """fp16's loss scaler (its small range would round small gradients to 0); None in every other precision."""
+    if resolved != "fp16":
+        return None
+    return torch.amp.GradScaler(torch.device(device).type)
 
 
 @contextlib.contextmanager
@@ -103,8 +132,11 @@ def autocast(device: torch.device | str, precision: str = "auto", *, cache: bool
     every call instead, as a CUDA graph capture needs (a cached copy would be freed under the graph).
     """
     device = torch.device(device)
-    resolved = resolve(device, precision)
-    if resolved == "bf16":
+    resolved = resolve_training(device, precision) if precision == "fp16" else resolve(device, precision)
+    if resolved == "fp16":
+        with torch.autocast(device.type, dtype=torch.float16, cache_enabled=cache):
+            yield resolved
+    elif resolved == "bf16":
         with torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache):
             yield resolved
     elif device.type == "cuda":

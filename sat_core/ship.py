@@ -10,6 +10,10 @@ the preset ``sat_core/presets/<name>.json`` (or ``--skip-train`` to reuse its ru
 ``eval_records.json``, ``MODEL_CARD.md`` and ``example.png`` (the first test image with its caption
 and an α map per word).
 
+A run directory that already holds a training run (``runs/<name>``: an earlier ship) is never trained into again
+unless ``--overwrite`` says so; ``--skip-train`` packages it as it is. Without either the ship stops at once,
+before generating anything, and says so.
+
 The whole command keeps to ``--minutes`` (45 by default: the budget on a 2-core CPU): what is left
 after generating the world, less ``EVALUATION_MINUTES`` for the test evaluation, caps the training
 (``--max-minutes``, which counts reading and encoding the images too; a cosine schedule then ends with
@@ -128,12 +132,14 @@ def ensure_encoder(cfg: TrainConfig) -> None:
              channels=cfg.model.small_channels, seed=cfg.seed)
 
 
-def train(preset: Path, max_minutes: float | None = None) -> float:
-    """Run the trainer with the preset (its --max-minutes lowered to ``max_minutes``); returns wall minutes."""
+def train(preset: Path, max_minutes: float | None = None, overwrite: bool = False) -> float:
+    """Run the trainer with the preset (its --max-minutes lowered to ``max_minutes``; ``overwrite``: replacing an
+    earlier run in its folder); returns wall minutes."""
     from sat_core.train import main as train_main
 
     started = time.perf_counter()
-    code = train_main(["--config", str(preset), *(["--max-minutes", f"{max_minutes:.2f}"] if max_minutes else [])])
+    code = train_main(["--config", str(preset), *(["--max-minutes", f"{max_minutes:.2f}"] if max_minutes else []),
+                       *(["--overwrite"] if overwrite else [])])
     if code != 0:
         raise SatError(f"Training with {preset} failed (exit code {code}); see the messages above.")
     return (time.perf_counter() - started) / 60
@@ -360,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=NAMES)
     p.add_argument("--skip-train", action="store_true", help="package the existing run directory")
+    p.add_argument("--overwrite", action="store_true",
+                   help="train again from scratch when the preset's run directory (runs/NAME) holds an earlier run, "
+                        "deleting its best/ and last/; without it such a ship is refused at once")
     p.add_argument("--repackage", action="store_true",
                    help="re-evaluate the shipped checkpoint itself (no run directory, no training) and rewrite its "
                         "card, metrics, records and example figure")
@@ -379,13 +388,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = TrainConfig.from_dict(json.loads(preset.read_text()))
         kind = "scenes" if args.name.startswith("scenes_") else "shapes"
+        if not (args.skip_train or args.repackage or args.overwrite):
+            refuse_earlier_run(Path(cfg.out))
         ensure_world(cfg, kind, CAPTION_ORDER.get(args.name))
         if not args.repackage:
             ensure_encoder(cfg)
         if not (args.skip_train or args.repackage):
             evaluation = EVALUATION_MINUTES + (GENERALISATION_MINUTES if kind == "scenes" else 0.0)
             train(preset, training_minutes(args.minutes, (time.perf_counter() - started) / 60, cfg.optim.max_minutes,
-                                           evaluation))
+                                           evaluation), overwrite=args.overwrite)
         metrics = package(args.name, cfg, args.beam, args.out, repackage=args.repackage, checkpoint=args.checkpoint)
     except SatError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -395,6 +406,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ship: {args.out / args.name} written in {(time.perf_counter() - started) / 60:.1f} min "
           f"(budget {args.minutes:g})", flush=True)
     return 0
+
+
+def refuse_earlier_run(run_dir: Path) -> None:
+    """Stop before any work when the preset's run directory holds a run that training would replace."""
+    from sat_core.training.state import earlier_run
+
+    if earlier_run(run_dir):
+        raise SatError(f"{run_dir} holds an earlier training run. Package it as it is with --skip-train, or train "
+                       "again from scratch with --overwrite (its best/ and last/ are deleted).")
 
 
 def training_minutes(budget: float, spent: float, preset_cap: float,

@@ -110,3 +110,34 @@ def test_card_says_when_attention_was_supervised(attention_lambda):
     assert lines == ([] if not attention_lambda else [
         "- Attention: supervised towards the object each word names (`--attention-lambda 0.5`, Liu et al., 2017; "
         "not in the paper): α was taught with the world's masks, not learnt from the captions alone."])
+
+
+def test_card_says_how_much_data_what_chose_the_epoch_and_how_long_it_trained():
+    optim = {"optimizer": "adam", "lr": 0.001, "lr_schedule": "plateau", "plateau_factor": 0.5, "plateau_patience": 2,
+             "lr_final": 0.05, "warmup_steps": 100, "select_metric": "cider"}
+    training = {"dataset": "d.json", "epoch": 3, "step": 30, "train_config": {"optim": optim},
+                "images": {"train": 8000, "val": 400}, "captions": 40000, "processes": 2,
+                "selection": {"metric": "CIDEr", "split": "val", "best": 3.1}, "train_minutes": 42.04,
+                "setup_minutes": 3.1}
+    lines = model_card("m", {"model": {"attention": "soft"}, "training": training}, {"split": "test"}).splitlines()
+    assert "- Size: 8,000 training images with 40,000 captions; validation on 400 images of the val split." in lines
+    assert "- Selected by: validation CIDEr on the val split (best 3.100)." in lines
+    assert ("- Training time: 42.0 min of training and validation, after 3.1 min reading and encoding the images, "
+            "over 2 processes.") in lines
+    assert ("- Optimiser: adam, learning rate 0.001, times 0.5 after every 2 epoch(s) without a better validation "
+            "CIDEr, down to 5e-05, after a linear warmup over its first 100 steps.") in lines
+
+
+def test_a_trained_checkpoint_carries_what_its_card_says_of_the_run(tmp_path):
+    from sat_core import checkpoint as ckpt
+    from sat_core import train
+    from tests.fixtures_world import make_dataset, train_args
+
+    data, images = make_dataset(tmp_path / "data")
+    assert train.main(train_args(data, images, tmp_path / "run", "--epochs", "1", "--select-metric", "cider",
+                                 "--log-every", "0")) == 0
+    config = ckpt.load_checkpoint(tmp_path / "run" / "best").config
+    lines = model_card("best", config, {"split": "test"}).splitlines()
+    assert "- Size: 4 training images with 4 captions; validation on 4 images of the val split." in lines
+    assert any(x.startswith("- Selected by: validation CIDEr on the val split (best ") for x in lines)
+    assert any(x.startswith("- Training time: ") and "min of training and validation" in x for x in lines)

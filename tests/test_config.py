@@ -67,6 +67,51 @@ def test_cosine_schedule_falls_from_lr_to_its_final_share_over_every_epoch():
     assert OptimConfig(lr=2e-3, epochs=4).lr_at(30, 10) == 2e-3  # constant: the default
 
 
+def test_warmup_rises_linearly_then_hands_over_to_the_schedule():
+    constant = OptimConfig(lr=1e-3, warmup_steps=4)
+    assert [constant.lr_at(s, 10) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    cosine = OptimConfig(lr=1e-3, lr_schedule="cosine", lr_final=0.1, epochs=1, warmup_steps=4)
+    rates = [cosine.lr_at(s, 24) for s in range(25)]
+    assert rates[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])  # the warmup, then cosine over the other 20
+    assert rates[14] == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5)) and rates[24] == pytest.approx(1e-4)
+    assert rates[4] == pytest.approx(1e-3) and all(a > b for a, b in zip(rates[4:], rates[5:]))  # then down
+
+
+def test_plateau_cuts_the_rate_after_epochs_without_a_better_figure_down_to_its_floor():
+    from sat_core.training.schedule import Plateau
+
+    cfg = OptimConfig(lr=1e-3, lr_schedule="plateau", plateau_factor=0.5, plateau_patience=2, lr_final=0.2,
+                      patience=0, warmup_steps=2)
+    plateau = Plateau.of(cfg)
+    rates = []
+    for improved in (True, False, True, False, False, False, False, False, False):
+        cut = plateau.after_validation(improved)
+        rates.append((cut, cfg.lr_at(100, 10, plateau=plateau.share)))
+    assert [cut for cut, _ in rates] == [False, False, False, False, True, False, True, False, True]
+    assert [lr for _, lr in rates] == pytest.approx([1e-3, 1e-3, 1e-3, 1e-3, 5e-4, 5e-4, 2.5e-4, 2.5e-4, 2e-4])
+    assert plateau.after_validation(False) is False and plateau.after_validation(False) is False  # at the floor
+    assert cfg.lr_at(0, 10, plateau=0.5) == pytest.approx(2.5e-4)  # the warmup applies too
+    restored = Plateau.of(cfg)
+    restored.load(plateau.state())
+    assert restored == plateau
+    with pytest.raises(SatError, match=r"--plateau-patience 3 would never cut the rate: --patience 3"):
+        OptimConfig(lr_schedule="plateau", plateau_patience=3, patience=3)
+    with pytest.raises(SatError, match="--plateau-factor"):
+        OptimConfig(lr_schedule="plateau", plateau_factor=1.5)
+
+
+def test_a_misspelt_section_is_reported_as_one():
+    with pytest.raises(SatError) as caught:
+        TrainConfig.from_dict({"model": {"attention": "soft"}, "optimiser": {"lr": 1e-3}})
+    message = str(caught.value)
+    assert message.startswith("Unknown section 'optimiser' in the config; the sections are data, model, optim, val")
+    assert "Did you mean 'optim'?" in message and "field 'model'" not in message
+    with pytest.raises(SatError, match="Unknown section 'optimiser'"):  # alone, it is not a flat file either
+        TrainConfig.from_dict({"optimiser": {"lr": 1e-3}})
+    with pytest.raises(SatError, match="Unknown field 'seeed' in the config.*Did you mean 'seed'"):
+        TrainConfig.from_dict({"data": {}, "seeed": 1})
+
+
 def test_json_values_are_coerced_to_the_declared_types():
     cfg = ModelConfig.from_dict({"small_channels": [8, 16], "dropout": 0, "hard": {"entropy_weight": 1}})
     assert cfg.small_channels == (8, 16) and isinstance(cfg.dropout, float)

@@ -106,3 +106,15 @@ def test_soft_loss_adds_the_penalty_per_token_like_the_likelihood():
     nll = torch.nn.functional.cross_entropy(logits[0, :2], targets[0, :2], reduction="sum")
     dsa = ((1 - alphas[0, :2].sum(0)) ** 2).sum()
     assert parts.total.item() == pytest.approx(((nll + 0.5 * dsa) / 2).item(), rel=1e-5)
+    # the logged terms are in the loss's own unit (per word), so they add up to it
+    assert parts.dsa == pytest.approx(dsa.item() / 2, rel=1e-5)
+    assert parts.total.item() == pytest.approx(parts.nll + 0.5 * parts.dsa, rel=1e-5)
+
+
+def test_hard_terms_add_up_to_the_loss_per_word():
+    targets = torch.tensor([[4, 2, 0], [3, 2, 1]])
+    out = _Out(torch.randn(2, 3, 6), torch.softmax(torch.randn(2, 3, 4), -1), -torch.rand(2, 3),
+               torch.tensor([True, True]))
+    hard = HardAttentionConfig(entropy_weight=0.01)
+    parts = caption_loss(out, targets, dsa_lambda=0.0, hard=hard, baseline=MovingBaseline(0.9, value=-1.0))
+    assert parts.total.item() == pytest.approx(parts.nll + parts.reinforce - 0.01 * parts.entropy, rel=1e-5)

@@ -32,6 +32,7 @@ from tests.test_decoding import _images, _peaked_model
 def test_auto_follows_the_cpu_flags_and_vendor(monkeypatch, flags, vendor, expected):
     monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(flags))
     monkeypatch.setattr(precision, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(precision, "cuda_has_bf16", lambda: True)
     assert precision.resolve("cpu", "auto") == expected
     assert precision.resolve("cuda", "auto") == "bf16"
     assert precision.resolve("cpu", "fp32") == "fp32" and precision.resolve("cpu", "bf16") == "bf16"
@@ -273,3 +274,29 @@ def test_ties_are_settled_only_for_bf16_searches(vocab, monkeypatch, precision, 
     cfg = DecodeConfig(beam_size=3, precision=precision, fp32_ties=ties, hard_mode=hard_mode)
     beam_search(model, _images(2), vocab, cfg)
     assert len(calls) == int(settled)
+
+
+@pytest.mark.parametrize("device, has_bf16, asked, expected, scaler", [
+    ("cuda", False, "auto", "fp16", True),  # a GPU without bf16 (V100, T4): fp16 behind a gradient scaler
+    ("cuda", True, "auto", "bf16", False),
+    ("cuda", True, "fp16", "fp16", True),
+    ("cuda", False, "fp32", "fp32", False),
+    ("cpu", False, "auto", None, False),  # a CPU keeps bf16 or fp32, as resolve() says
+    ("cpu", False, "bf16", "bf16", False),
+])
+def test_training_runs_fp16_with_a_scaler_only_on_a_cuda_gpu_without_bf16_or_when_asked(
+        monkeypatch, device, has_bf16, asked, expected, scaler):
+    monkeypatch.setattr(precision, "cuda_has_bf16", lambda: has_bf16)
+    resolved = precision.resolve_training(device, asked)
+    assert resolved == (expected or precision.resolve(device, asked))
+    if device == "cpu" or not torch.cuda.is_available():  # building a CUDA scaler needs no GPU, only the type
+        assert (precision.grad_scaler(device, resolved) is not None) is scaler
+    if device == "cuda":  # decoding never runs fp16: bf16 where the GPU has it, else fp32
+        assert precision.resolve(device, "auto") == ("bf16" if has_bf16 else "fp32")
+
+
+def test_fp16_training_on_a_cpu_is_refused_with_what_to_use():
+    with pytest.raises(SatError, match="--precision fp16 trains on a CUDA GPU only.*bf16, fp32 or auto"):
+        precision.resolve_training("cpu", "fp16")
+    with pytest.raises(SatError, match="precision must be one of"):
+        precision.resolve_training("cpu", "fp8")

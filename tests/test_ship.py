@@ -146,8 +146,10 @@ def test_ship_hands_the_training_its_share_of_the_budget_and_says_how_long_it_to
     calls = []
     monkeypatch.setattr(ship, "ensure_world", lambda *a, **k: None)
     monkeypatch.setattr(ship, "ensure_encoder", lambda cfg: None)
-    monkeypatch.setattr(ship, "train", lambda preset, minutes: calls.append((preset.name, minutes)) or minutes)
+    monkeypatch.setattr(ship, "train", lambda preset, minutes, overwrite=False: calls.append((preset.name, minutes))
+                        or minutes)
     monkeypatch.setattr(ship, "package", lambda *a, **k: METRICS)
+    monkeypatch.chdir(tmp_path)  # the presets' run directories (runs/NAME) are fresh there
     assert ship.main(["scenes_soft", "--minutes", "20", "--out", str(tmp_path)]) == 0
     [(preset, minutes)] = calls
     assert preset == "scenes_soft.json"
@@ -264,3 +266,28 @@ def test_the_generalisation_sets_are_written_beside_the_world_when_missing_or_ol
     stamp = (suite / "hflip" / "dataset.json").stat().st_mtime_ns
     ship.ensure_generalisation_sets(cfg)  # up to date: left as it is
     assert (suite / "hflip" / "dataset.json").stat().st_mtime_ns == stamp
+
+
+def test_a_ship_into_a_run_directory_that_holds_a_run_is_refused_unless_overwrite(monkeypatch, capsys, tmp_path):
+    """An earlier ship's training is never replaced silently: refused before the world, or --overwrite passed on."""
+    calls = []
+    monkeypatch.setattr(ship, "ensure_world", lambda *a, **k: calls.append("world"))
+    monkeypatch.setattr(ship, "ensure_encoder", lambda cfg: None)
+    monkeypatch.setattr(ship, "train", lambda preset, minutes, overwrite=False: calls.append(("train", overwrite)))
+    monkeypatch.setattr(ship, "package", lambda *a, **k: METRICS)
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / json.loads(ship.preset_path("shapes_soft").read_text())["out"]  # runs/world_soft
+    (run / "best").mkdir(parents=True)
+    assert ship.main(["shapes_soft", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "runs/world_soft holds an earlier training run" in err and "--skip-train" in err and "--overwrite" in err
+    assert calls == [], "refused before generating anything"
+    assert ship.main(["shapes_soft", "--out", str(tmp_path / "out"), "--overwrite"]) == 0
+    assert calls == ["world", ("train", True)]
+    calls.clear()
+    assert ship.main(["shapes_soft", "--out", str(tmp_path / "out"), "--skip-train"]) == 0
+    assert calls == ["world"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        ship.main(["--help"])
+    assert "(runs/NAME) holds an earlier run" in " ".join(capsys.readouterr().out.split())

@@ -253,6 +253,28 @@ def test_cosine_schedule_sets_every_steps_rate_and_logs_it(world_data, tmp_path)
     assert [x["lr"] for x in log[1:]] == pytest.approx([seen[steps - 1], seen[-1]])
 
 
+def test_plateau_cuts_the_rate_after_an_epoch_without_a_better_figure_and_a_resume_keeps_the_cut(
+        tiny_data, tmp_path, capsys):
+    """A few epochs at 1e-3 leave the tiny model's validation BLEU-4 where the first epoch put it: each epoch
+    after the second (warmup first) runs at half the rate of the one before."""
+    import csv
+
+    data, images = tiny_data
+    run = tmp_path / "run"
+    flags = ("--lr-schedule", "plateau", "--plateau-patience", "1", "--patience", "0", "--warmup-steps", "2",
+             "--batch-size", "2", "--lr", "1e-3", "--lr-final", "0")
+    assert train.main(train_args(data, images, run, "--epochs", "3", *flags)) == 0
+    assert "no better validation BLEU-4 for 1 epoch(s): the rate is now 0.0005 (×0.5)" in capsys.readouterr().out
+    with open(run / "steps.csv", newline="") as f:
+        rows = [(int(r["epoch"]), float(r["lr"])) for r in csv.DictReader(f)]
+    by_epoch = {e: sorted({lr for ep, lr in rows if ep == e}) for e in (1, 2, 3)}
+    assert by_epoch[1] == pytest.approx([5e-4, 1e-3])  # two steps of warmup: 1/2, then 2/2 of --lr
+    assert by_epoch[2] == pytest.approx([1e-3]) and by_epoch[3] == pytest.approx([5e-4])
+    assert train.main(["--resume", str(run), "--epochs", "4"]) == 0
+    with open(run / "steps.csv", newline="") as f:
+        assert {float(r["lr"]) for r in csv.DictReader(f) if r["epoch"] == "4"} == {2.5e-4}
+
+
 def test_a_time_budget_that_fits_fewer_epochs_ends_the_cosine_schedule_with_them(world_data, tmp_path,
                                                                                   monkeypatch, capsys):
     """--max-minutes counts from the start (setup included); after each epoch the plan shrinks to the
@@ -398,19 +420,33 @@ def test_the_doubly_stochastic_penalty_is_soft_attentions_unless_hard_dsa_asks(
     assert saved["model"]["hard"]["dsa"] is (flag == "--hard-dsa")
 
 
-def test_a_new_run_in_an_old_runs_folder_starts_its_own_log_and_keeps_the_old_one(tiny_data, tmp_path, capsys):
+def test_a_run_folder_is_never_trained_into_afresh_without_overwrite(tiny_data, tmp_path, capsys):
+    """A second run into a finished run's folder is refused and leaves its best/ byte for byte; --overwrite
+    starts afresh (the old log kept aside), --resume goes on in the same log."""
     data, images = tiny_data
     run = tmp_path / "run"
     assert train.main(train_args(data, images, run, "--epochs", "2")) == 0
+    before = {p.relative_to(run): p.read_bytes() for p in (run / "best").rglob("*") if p.is_file()}
     first = (run / "log.jsonl").read_text()
-    assert train.main(train_args(data, images, run, "--epochs", "1")) == 0
+    capsys.readouterr()
+    assert train.main(train_args(data, images, run, "--epochs", "1")) == 2
+    err = capsys.readouterr().err
+    assert f"{run} holds an earlier run" in err and "--resume" in err and "--overwrite" in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    after = {p.relative_to(run): p.read_bytes() for p in (run / "best").rglob("*") if p.is_file()}
+    assert before and after == before
+    assert (run / "log.jsonl").read_text() == first
+
+    assert train.main(train_args(data, images, run, "--epochs", "1", "--overwrite")) == 0
     log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
     assert [x.get("epoch") for x in log if "val" in x] == [1]  # not 1, 2, 1
     assert (run / "log.previous.jsonl").read_text() == first
-    assert "held an earlier run: its log is now log.previous.jsonl" in capsys.readouterr().out
+    assert "its log is now log.previous.jsonl" in capsys.readouterr().out
     assert train.main(["--resume", str(run), "--epochs", "2"]) == 0  # a resume goes on in the same log
     log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
     assert [x.get("epoch") for x in log if "val" in x] == [1, 2]
+    assert train.main(["--resume", str(run), "--overwrite"]) == 2
+    assert "give one of them" in capsys.readouterr().err
 
 
 def test_train_images_trains_on_the_first_images_and_refuses_more_than_there_are(world_data, tmp_path, capsys):

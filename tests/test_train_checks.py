@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -88,7 +89,11 @@ def test_the_console_tells_sizes_loss_terms_samples_and_why_it_stopped(tiny_data
     assert code == 0
     out = capsys.readouterr().out
     assert "data: dataset.json: train 4 images (4 captions), val 4, test 0; vocabulary" in out
-    assert "nll " in out and "dsa " in out and "reinforce " in out and "best CIDEr" in out
+    assert "best CIDEr" in out and "reinforce" not in out  # a soft model's loss has no REINFORCE term
+    # the loss line is the sum it prints, every term per caption word: loss = nll + λ·dsa
+    for loss, nll, dsa in re.findall(r"loss (\d+\.\d+)/word = nll (\d+\.\d+) \+ 1·dsa (\d+\.\d+)", out):
+        assert float(loss) == pytest.approx(float(nll) + float(dsa), abs=2e-3)
+    assert len(re.findall(r"loss \S+/word = nll", out)) == 2
     assert out.count("  sample: ") == 2 * 2  # two epochs, two samples each
     assert "early stop after epoch 2: no better validation CIDEr for 1 epochs" in out
     result = json.loads(out.strip().splitlines()[-1])
@@ -150,3 +155,13 @@ def test_a_weights_file_of_another_network_is_refused_before_decoding(tiny_data,
     err = _refused(train_args(data, images, tmp_path / "run", "--encoder", "resnet18", "--encoder-weights",
                               str(tmp_path / "other.pth"), "--image-size", "64"), capsys)
     assert "is not torchvision's resnet18 ImageNet state dict" in err and "resnet18-f37072fd.pth" in err
+
+
+def test_the_loss_line_names_each_term_with_the_weight_the_objective_gives_it():
+    from sat_core.training.console import loss_terms
+
+    record = {"loss": 2.0, "nll": 1.9, "dsa": 0.5, "reinforce": 0.12, "entropy": 2.0, "attention": 0.7}
+    hard = TrainConfig.from_dict({"model": {"attention": "hard"}})
+    assert loss_terms(record, hard) == "loss 2.000/word = nll 1.900 + reinforce 0.120 − 0.01·entropy 2.000"
+    soft = TrainConfig.from_dict({"optim": {"dsa_lambda": 0.5}})
+    assert loss_terms(record, soft, ["attention"]) == "loss 2.000/word = nll 1.900 + 0.5·dsa 0.500; attention 0.700"

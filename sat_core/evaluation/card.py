@@ -98,13 +98,10 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
     if training.get("dataset"):
         lines += ["", "## Training", f"- Data: `{training['dataset']}`; epoch {training.get('epoch', '?')}, "
                                      f"step {training.get('step', '?')}."]
+        lines += training_lines(training, metrics)
         optim = training.get("train_config", {}).get("optim", {})
         if optim:
-            schedule = (f"cosine from {optim['lr']:g} to {optim.get('lr_final', 0) * optim['lr']:.2g} over "
-                        f"{training.get('planned_epochs', optim.get('epochs', '?'))} epochs"
-                        if optim.get("lr_schedule") == "cosine"
-                        else f"{optim.get('lr', '?')} throughout")
-            lines += [f"- Optimiser: {optim.get('optimizer', '?')}, learning rate {schedule}."]
+            lines += [f"- Optimiser: {optim.get('optimizer', '?')}, learning rate {_schedule(optim, training)}."]
             if optim.get("attention_lambda"):
                 lines += [f"- Attention: supervised towards the object each word names (`--attention-lambda "
                           f"{optim['attention_lambda']:g}`, Liu et al., 2017; not in the paper): α was taught with "
@@ -122,6 +119,52 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
     lines += generalisation_lines(metrics.get("generalisation"))
     lines += ["", f"Produced by `sat_core.evaluate`; `{RECORDS_FILE}` holds the per-image records."]
     return "\n".join(lines) + "\n"
+
+
+def training_lines(training: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
+    """How much data, what chose this epoch, how long it took: from what the trainer stores (older checkpoints:
+    the lines it can say)."""
+    lines = []
+    images = training.get("images", {})
+    if images:
+        val = [(split, n) for split, n in images.items() if split != "train"]
+        lines.append(f"- Size: {images.get('train', 0):,} training images with {training.get('captions', 0):,} captions"
+                     + "".join(f"; validation on {n:,} images of the {split} split" for split, n in val) + ".")
+    selection = training.get("selection")
+    select_metric = training.get("train_config", {}).get("optim", {}).get("select_metric")
+    if selection:
+        lines.append(f"- Selected by: validation {selection['metric']} on the {selection['split']} split "
+                     f"(best {_figure(selection['best'])}).")
+    elif select_metric:
+        lines.append(f"- Selected by: validation {SELECT_NAMES.get(select_metric, select_metric)}.")
+    minutes = training.get("train_minutes", metrics.get("training", {}).get("train_minutes"))
+    if minutes is not None:
+        setup = training.get("setup_minutes", metrics.get("training", {}).get("setup_minutes"))
+        processes = training.get("processes", 1)
+        lines.append(f"- Training time: {minutes:.1f} min of training and validation"
+                     + (f", after {setup:.1f} min reading and encoding the images" if setup is not None else "")
+                     + (f", over {processes} processes" if processes > 1 else "") + ".")
+    return lines
+
+
+SELECT_NAMES = {"bleu4": "BLEU-4", "cider": "CIDEr"}
+
+
+def _schedule(optim: dict[str, Any], training: dict[str, Any]) -> str:
+    """The learning-rate schedule in words, its warmup first."""
+    lr = optim.get("lr", "?")
+    if optim.get("lr_schedule") == "cosine":
+        text = (f"cosine from {lr:g} to {optim.get('lr_final', 0) * lr:.2g} over "
+                f"{training.get('planned_epochs', optim.get('epochs', '?'))} epochs")
+    elif optim.get("lr_schedule") == "plateau":
+        metric = SELECT_NAMES.get(optim.get("select_metric", "bleu4"), "BLEU-4")
+        text = (f"{lr:g}, times {optim.get('plateau_factor', 0.5):g} after every {optim.get('plateau_patience', 1)} "
+                f"epoch(s) without a better validation {metric}, down to {optim.get('lr_final', 0) * lr:.2g}")
+    else:
+        text = f"{lr} throughout"
+    if optim.get("warmup_steps"):
+        text += f", after a linear warmup over its first {optim['warmup_steps']} steps"
+    return text
 
 
 # The generalisation table's rows: (label, key of sat_core.evaluation.generalisation.set_figures).

@@ -7,10 +7,12 @@ runs them after parsing and before reading a single image, so a mistake costs se
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from sat_core.config import ModelConfig, TrainConfig
 from sat_core.errors import SatError
 from sat_core.models.encoder import STRIDES
+from sat_core.training.state import earlier_run
 
 # Settings a resumed run must keep: they shape the model, its vocabulary or what it sees.
 RESUME_FIXED_DATA = ("dataset", "images", "image_size", "min_word_count", "max_vocab")
@@ -45,9 +47,21 @@ def check_config(cfg: TrainConfig) -> None:
         raise SatError(f"--image-size {size} gives the {m.encoder} encoder a {size // stride}×{size // stride} grid "
                        f"(it downsamples by {stride}); use at least {2 * stride} px "
                        f"({default_image_size(m)} is its default).")
+    if cfg.log_every:
+        from sat_core.training.logbook import check_available
+
+        check_available()
     if cfg.encoder_weights and not _is_file(cfg.encoder_weights):
         raise SatError(f"--encoder-weights {cfg.encoder_weights}: no such file. Give the weights file of the "
                        f"{m.encoder} encoder (the small encoder's comes from python -m sat_core.pretrain).")
+
+
+def check_out(run_dir: Path, overwrite: bool) -> None:
+    """A new run never replaces an earlier one in its folder unless told to: finished models are lost otherwise."""
+    found = earlier_run(run_dir)
+    if found and not overwrite:
+        raise SatError(f"{run_dir} holds an earlier run ({', '.join(found)}). Continue it with --resume {run_dir}, "
+                       "start afresh there with --overwrite (its best/ and last/ are deleted), or give another --out.")
 
 
 def _is_file(path: str) -> bool:

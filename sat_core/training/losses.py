@@ -56,9 +56,12 @@ def reinforce_advantage(
 
 @dataclass
 class LossParts:
+    """The loss and its terms, each per caption word as the loss adds them: total = nll + λ·dsa (soft);
+    nll + reinforce − λ_e·entropy (hard; reinforce already weighted by λ_r)."""
+
     total: torch.Tensor
-    nll: float  # mean −log p per token
-    dsa: float  # mean doubly stochastic penalty per example
+    nll: float  # −log p per word
+    dsa: float  # the doubly stochastic penalty Σ_i (1 − Σ_t α_ti)² of the batch per word
     reinforce: float
     entropy: float
     tokens: int
@@ -106,5 +109,5 @@ def caption_loss(
             ent_value = float(ent.detach())
         if baseline is not None and hard.baseline:
             baseline.update(per_token)
-    return LossParts(loss, float(nll_tok.detach().sum() / tokens), float(dsa.detach().mean()), rf_value,
+    return LossParts(loss, float(nll_tok.detach().sum() / tokens), float(dsa.detach().sum() / tokens), rf_value,
                      ent_value, int(tokens))

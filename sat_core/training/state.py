@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,36 @@ def unflatten_state(tensors: dict[str, torch.Tensor], skeleton: Any) -> Any:
     raise ValueError(f"Unknown entry in a state skeleton: {sorted(skeleton)}")
 
 
+def saved_world(last: Path) -> int | None:
+    """How many processes trained the run whose ``last/`` this is (None: saved before it was kept)."""
+    require_state(last)
+    return json.loads((last / STATE_JSON).read_text()).get("world")
+
+
+# What a run folder holds that a new run would replace; log.jsonl is set aside as log.previous.jsonl instead.
+RUN_FILES = ("train_config.json", "last", "best", "log.jsonl", "steps.csv", "tb")
+
+
+def earlier_run(run_dir: Path) -> list[str]:
+    """The names of an earlier run's files and folders in ``run_dir`` (none: a fresh or missing folder)."""
+    return [name for name in RUN_FILES if (run_dir / name).exists()]
+
+
+def clear_earlier_run(run_dir: Path) -> bool:
+    """Remove an earlier run's checkpoints and step logs from ``run_dir``, keeping its log as log.previous.jsonl
+    (mixed with the new epochs it would misreport the run); True when there was one."""
+    found = earlier_run(run_dir)
+    for name in found:
+        path = run_dir / name
+        if name == "log.jsonl":
+            path.replace(run_dir / "log.previous.jsonl")
+        elif path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return bool(found)
+
+
 def require_state(last: Path) -> None:
     """Refuse --resume before any slow work when ``last/`` holds no resumable state."""
     _recover_swap(last)
@@ -119,6 +150,27 @@ def _recover_swap(last: Path) -> None:
             os.rename(max(found, key=position), last)
         except OSError:
             pass  # another DDP rank put it back first
+
+
+def rng_tensors() -> dict[str, Any]:
+    """torch's RNG states (CPU and every GPU) for the state's tensors."""
+    return {"torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def rng_json() -> dict[str, Any]:
+    """NumPy's and Python's RNG states for state.json."""
+    return {"numpy_rng": numpy_state(), "python_rng": python_state()}
+
+
+def restore_rngs(tensors: dict[str, Any], state: dict[str, Any]) -> None:
+    """Put back what ``rng_tensors`` (unflattened) and ``rng_json`` saved."""
+    torch.set_rng_state(tensors["torch_rng"])
+    if tensors["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(tensors["cuda_rng"])
+    name, keys, pos, has_gauss, cached = state["numpy_rng"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    random.setstate(python_rng(state["python_rng"]))
 
 
 def numpy_state() -> list[Any]:

@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
-import random
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from sat_core import checkpoint as ckpt
-from sat_core.config import ModelConfig, PreprocessConfig, TrainConfig
+from sat_core.config import TrainConfig
 from sat_core.data.karpathy import (
-    CaptionDataset, EvalImages, ImageStore, build_vocab, load_karpathy, make_loader, normalise,
+    CaptionDataset, EvalImages, ImageStore, build_vocab, load_karpathy, normalise,
 )
 from sat_core.data.vocab import Vocab
 from sat_core.decoding import beam_search, pick_device
@@ -31,15 +30,22 @@ from sat_core.errors import SatError
 from sat_core.evaluation.card import annotation_statistics, domain_images, training_statistics
 from sat_core.io import read_tensors, write_json_atomic
 from sat_core.models.captioner import Captioner
-from sat_core.models.encoder import FEATURE_DIMS, Annotations, load_torchvision_weights
-from sat_core.precision import autocast, resolve
+from sat_core.models.encoder import Annotations
+from sat_core.precision import autocast, grad_scaler, resolve_training
+from sat_core.training import distributed
+from sat_core.training.build import build_optimizer, load_encoder, model_config, param_groups, preprocess_config
+from sat_core.training.checks import check_out
+from sat_core.training.console import SELECT_KEYS, console_line
+from sat_core.training.distributed import make_loader  # --batch-size is the global batch: each process its share
+from sat_core.training.logbook import Sample, StepLog
 from sat_core.training.losses import MovingBaseline, caption_loss
 from sat_core.training.state import (
-    STATE_JSON, STATE_TENSORS, flatten_state, numpy_state, python_rng, python_state, require_state, unflatten_state,
+    STATE_JSON, STATE_TENSORS, clear_earlier_run, flatten_state, restore_rngs, rng_json, rng_tensors, saved_world,
+    unflatten_state,
 )
+from sat_core.training.schedule import Plateau
 from sat_core.training.supervision import extra_terms
 
-SELECT_KEYS = {"bleu4": "BLEU-4", "cider": "CIDEr"}  # --select-metric -> caption_metrics key
 SAMPLES = 2  # validation captions printed after each epoch
 
 
@@ -47,50 +53,21 @@ class Interrupted(Exception):
     """SIGINT/SIGTERM arrived; a resumable checkpoint was written."""
 
 
-def build_optimizer(name: str, params: Any, *, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """Adam or RMSprop over ``params``. Adam runs its fused kernel: one pass over each parameter
-    instead of a dozen elementwise ops (on this project's 2-core CPU 11 ms a step instead of 42 for
-    the COCO-size decoder's 21 M parameters); the same update to float rounding."""
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, fused=True)
-    return torch.optim.RMSprop(params, lr=lr, weight_decay=weight_decay)
-
-
-def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
-    """The configured model with what the data and the encoder decide filled in."""
-    m = cfg.model
-    feature_dim = m.small_channels[-1] if m.encoder == "small" else FEATURE_DIMS[m.encoder]
-    if m.multiscale:
-        from sat_core.models.efficientnet import MULTISCALE_DIM
-
-        feature_dim = MULTISCALE_DIM
-    if m.coarse:
-        feature_dim = 320  # EfficientNet-Lite0's stride-32 stage
-    if m.shallow:
-        feature_dim = 80  # the end of its first stride-16 stage
-    # efficientnet_lite0's ImageNet weights always come with it (pip): a frozen random net is useless
-    pretrained = m.pretrained or bool(cfg.encoder_weights) or m.encoder == "efficientnet_lite0"
-    return dataclasses.replace(m, feature_dim=feature_dim, vocab_size=vocab_size, pretrained=pretrained)
-
-
-def preprocess_config(cfg: TrainConfig) -> PreprocessConfig:
-    size = cfg.data.image_size or (112 if cfg.model.encoder == "small" else 224)
-    if cfg.model.encoder == "efficientnet_lite0":  # its TensorFlow training scaled pixels to [-1, 1]
-        from sat_core.models.efficientnet import MEAN, STD
-
-        # crop 1: the whole image; ImageNet's 0.875 evaluation crop would cut off objects at the edges
-        return PreprocessConfig(image_size=size, mean=MEAN, std=STD, crop=1.0)
-    return PreprocessConfig(image_size=size)
-
-
 class Trainer:
-    def __init__(self, cfg: TrainConfig, resume: str | None = None) -> None:
+    def __init__(self, cfg: TrainConfig, resume: str | None = None, *, overwrite: bool = False) -> None:
+        """``overwrite``: start afresh in a ``cfg.out`` that holds an earlier run (refused otherwise)."""
         self.cfg, self.run_dir = cfg, Path(resume or cfg.out)
         self.started = time.perf_counter()  # --max-minutes counts from here: reading and encoding images too
-        self.rank, self.world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        self.rank, self.world = distributed.rank(), distributed.world_size()
+        if resume:  # resumable state, and as many processes: refused alike everywhere, before any slow work
+            distributed.check_world(saved_world(self.run_dir / "last"), self.run_dir)
+        else:
+            check_out(self.run_dir, overwrite)
+        self.per_rank_batch = distributed.per_rank_batch(cfg.data.batch_size, self.world)
         self.device = self._setup_device()
         self.main_process = self.rank == 0
         self.stop_signal: int | None = None
+        self.fillers: set[int] = set()
         self._read_dataset(resume)  # the JSON and the vocabulary: seconds
         self._build_model()  # encoder weights are found (or refused) before any image is decoded
         self._decode_images()
@@ -98,27 +75,38 @@ class Trainer:
         self.setup_s = time.perf_counter() - self.started
         self.epoch, self.batch_in_epoch, self.step = 0, 0, 0
         self.planned_epochs = cfg.optim.epochs  # fewer when the time budget cannot fit them (_fit_schedule)
-        self.best, self.bad_epochs = -1.0, 0
+        self.best, self.bad_epochs, self.train_seconds = -1.0, 0, 0.0
         self.baseline = MovingBaseline(cfg.model.hard.baseline_decay)
+        self.plateau = Plateau.of(cfg.optim)
         if resume:
             self._restore()
         self.lr = self._rate()  # the schedule's rate; set before every step
+        self.steps: StepLog | None = None  # per-step rows and TensorBoard events (rank 0)
+        self.figures: list[Sample] = []
         if self.main_process:  # on resume too: flags given with --resume (--lr, --epochs) hold from now on
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            if not resume:
-                self._set_aside_old_log()
-            write_json_atomic(self.run_dir / "train_config.json", cfg.to_dict())
-            self._log({"event": "setup", "seconds": round(self.setup_s, 1), "images": len(self.store)})
+            self._open_run_folder(resume)
 
     # -- setup
 
-    def _set_aside_old_log(self) -> None:
-        """A new run in the folder of an earlier one starts its own log.jsonl: mixed with the old epochs,
-        it would misreport the run (the ship's epochs, minutes and best epoch). The old log is kept."""
-        log = self.run_dir / "log.jsonl"
-        if log.is_file():
-            log.replace(self.run_dir / "log.previous.jsonl")
-            print(f"{self.run_dir} held an earlier run: its log is now log.previous.jsonl", flush=True)
+    def _open_run_folder(self, resume: str | None) -> None:
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not resume and clear_earlier_run(self.run_dir):
+            print(f"{self.run_dir} held an earlier run (--overwrite): its best/ and last/ are gone, its log is "
+                  "now log.previous.jsonl", flush=True)
+        write_json_atomic(self.run_dir / "train_config.json", cfg.to_dict())
+        if cfg.log_every:
+            self.steps = StepLog(self.run_dir, self._terms, resume_step=self.step if resume else None)
+        if self.world > 1:
+            print(f"batch: {cfg.data.batch_size} captions per optimizer step over {self.world} processes, "
+                  f"{self.per_rank_batch} each (--lr {cfg.optim.lr:g} and --warmup-steps {cfg.optim.warmup_steps} "
+                  "are those of this global batch)", flush=True)
+        self._log({"event": "setup", "seconds": round(self.setup_s, 1), "images": len(self.store)})
+
+    @property
+    def _terms(self) -> list[str]:
+        """The loss terms logged each step and epoch, each per caption word."""
+        return ["loss", "nll", "dsa", "reinforce", "entropy", *(t.name for t in self.extra_terms)]
 
     def _setup_device(self) -> torch.device:
         if self.world > 1:
@@ -135,8 +123,6 @@ class Trainer:
 
     def _read_dataset(self, resume: str | None) -> None:
         cfg = self.cfg
-        if resume:
-            require_state(Path(resume) / "last")  # before the slow part: decoding every image
         self.data = load_karpathy(cfg.data.dataset, cfg.data.images)
         if cfg.data.train_images:
             self.data = self.data.first_of_split("train", cfg.data.train_images)
@@ -192,7 +178,7 @@ class Trainer:
         self.model = Captioner(dataclasses.replace(self.model_config, pretrained=False) if local
                                else self.model_config)
         if cfg.encoder_weights:
-            self._load_encoder(Path(cfg.encoder_weights))
+            load_encoder(self.model.encoder, cfg.model, Path(cfg.encoder_weights))
         self.model.to(self.device)
         cuda = self.device.type == "cuda"
         if cuda and cfg.channels_last:
@@ -202,39 +188,19 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             self.train_model = DDP(self.model, device_ids=[self.device.index] if cuda else None)
-        self.optimizer = build_optimizer(cfg.optim.optimizer, self._param_groups(), lr=cfg.optim.lr,
+        self.optimizer = build_optimizer(cfg.optim.optimizer, param_groups(self.model, cfg.optim.encoder_lr_scale), lr=cfg.optim.lr,
                                          weight_decay=cfg.optim.weight_decay)
-        self.precision = resolve(self.device, cfg.precision)
+        self.precision = resolve_training(self.device, cfg.precision)
+        self.scaler = grad_scaler(self.device, self.precision)  # fp16 only
         if self.world > 1:
             # DDP copies rank 0's initial weights; from here each rank draws its own dropout masks
             # and hard-attention samples (the same seed everywhere would repeat them on every rank).
             torch.manual_seed(cfg.seed + self.rank)
 
-    def _load_encoder(self, path: Path) -> None:
-        if self.cfg.model.encoder != "small":
-            load_torchvision_weights(self.model.encoder, self.cfg.model.encoder, path)
-            return
-        tensors, _meta = read_tensors(path)
-        try:
-            self.model.encoder.load_state_dict(tensors)
-        except RuntimeError as exc:
-            raise SatError(f"{path} does not fit the small encoder {list(self.cfg.model.small_channels)}: "
-                           f"{str(exc).splitlines()[0]} Use the --small-channels it was pretrained with.") from None
-
     def _dsa_lambda(self) -> float:
         """The paper's penalty is soft attention's; hard models use it only when ``hard.dsa`` asks."""
         cfg = self.cfg
         return cfg.optim.dsa_lambda if not self.model.hard or cfg.model.hard.dsa else 0.0
-
-    def _param_groups(self) -> list[dict]:
-        """Everything that learns, at --lr; encoder blocks trained with --tune-blocks at a share of it."""
-        encoder = self.model.encoder
-        tuned = encoder.body.tail_parameters() if encoder.tune_blocks else []
-        rest = [p for p in self.model.parameters() if p.requires_grad and all(p is not q for q in tuned)]
-        groups = [{"params": rest, "lr_scale": 1.0}]
-        if tuned:
-            groups.append({"params": tuned, "lr_scale": self.cfg.optim.encoder_lr_scale})
-        return groups
 
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -305,63 +271,89 @@ class Trainer:
     # -- one epoch
 
     def train_one_epoch(self) -> dict[str, float]:
-        cfg, model = self.cfg, self.train_model
-        model.train()
+        cfg = self.cfg
+        self.train_model.train()
         self.loader.batch_sampler.set_epoch(self.epoch)
-        totals = dict.fromkeys(["loss", "nll", "dsa", "reinforce", "entropy", *(t.name for t in self.extra_terms)], 0.0)
+        self.fillers = distributed.fillers(self.loader)  # steps where this process holds a caption of weight 0
+        totals = dict.fromkeys(self._terms, 0.0)
         batches, captions, started = 0, 0, time.perf_counter()
+        last = started
         for i, batch in enumerate(self._progress(self._batches())):
             if i < self.batch_in_epoch:
                 continue  # resumed mid-epoch: these batches were already trained on
-            parts = self._train_step(batch)
+            terms, step_captions = self._train_step(batch)
             for k in totals:
-                totals[k] += parts[k]
+                totals[k] += terms[k]
             batches += 1
-            captions += batch.captions.shape[0]
+            captions += step_captions
             self.batch_in_epoch, self.step = i + 1, self.step + 1
-            if self.stop_signal is not None:
+            if self.steps is not None and self.step % cfg.log_every == 0:
+                now = time.perf_counter()
+                self.steps.step(self.step, self.epoch + 1, self.lr, step_captions, now - last, terms)
+                last = now
+            if distributed.any_process(self.stop_signal is not None, self.device):  # all stop after the same step
                 self.save_last(refresh=False)
+                distributed.barrier()
                 raise Interrupted()
             if cfg.optim.save_every and self.step % cfg.optim.save_every == 0:
                 self.save_last(refresh=False)
         elapsed = time.perf_counter() - started
         means = {k: v / max(batches, 1) for k, v in totals.items()}
-        return {**means, "lr": self.lr, "captions_per_s": captions * self.world / max(elapsed, 1e-9),
-                "time_s": elapsed}
+        return {**means, "lr": self.lr, "captions_per_s": captions / max(elapsed, 1e-9), "time_s": elapsed}
 
-    def _train_step(self, batch) -> dict[str, float]:
-        cfg = self.cfg
+    def _train_step(self, batch) -> tuple[dict[str, float], int]:
+        """One optimizer step: (its loss terms per word over the global batch, its captions over all processes).
+        Where this process holds a filler (``distributed``) its share counts 0."""
+        cfg, filler = self.cfg, self.batch_in_epoch in self.fillers
         batch = batch.to(self.device)
         with self._autocast():
-            if self.features is not None:
-                rows = [self.store.row_of[i] for i in batch.image_ids]
-                feats = self._annotations(rows)  # (U, L, D)
-                out = self.train_model(None, batch.captions, feats=feats, image_index=batch.image_index)
-            else:
-                images = normalise(batch.images, self.preprocess)  # (U, 3, S, S)
-                if self.device.type == "cuda" and cfg.channels_last:
-                    images = images.contiguous(memory_format=torch.channels_last)
-                out = self.train_model(images, batch.captions, image_index=batch.image_index)
+            out = self._forward(batch)
             parts = caption_loss(out, batch.captions[:, 1:], dsa_lambda=self._dsa_lambda(),
                                  hard=cfg.model.hard if self.model.hard else None, baseline=self.baseline)
-        total, extras = parts.total, {}
+        total = parts.total
+        terms = {"loss": 0.0, "nll": parts.nll, "dsa": parts.dsa, "reinforce": parts.reinforce, "entropy": parts.entropy}
         for term in self.extra_terms:  # objectives beyond the paper's, each behind its own config option
-            value, extras[term.name] = term(out, batch)
+            value, terms[term.name] = term(out, batch)
             total = total + value
-        if not torch.isfinite(total):
-            raise self._non_finite("loss", float(total.detach()), batch)
+        terms["loss"] = float(total.detach())
+        tokens = 0.0 if filler else float(parts.tokens)
+        terms, all_tokens, captions = distributed.reduce_step(terms, tokens, 0 if filler else batch.captions.shape[0],
+                                                              self.device)
+        if not math.isfinite(terms["loss"]):  # the global batch's: every process stops here together
+            raise self._non_finite("loss", terms["loss"], batch)
         self.optimizer.zero_grad(set_to_none=True)
-        total.backward()
+        self._step(distributed.scale_to_global(total, tokens, all_tokens), batch)
+        return terms, captions
+
+    def _forward(self, batch):
+        """The teacher-forced pass over a batch, from cached annotations when there are."""
+        if self.features is not None:
+            rows = [self.store.row_of[i] for i in batch.image_ids]
+            feats = self._annotations(rows)  # (U, L, D)
+            return self.train_model(None, batch.captions, feats=feats, image_index=batch.image_index)
+        images = normalise(batch.images, self.preprocess)  # (U, 3, S, S)
+        if self.device.type == "cuda" and self.cfg.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return self.train_model(images, batch.captions, image_index=batch.image_index)
+
+    def _step(self, loss: torch.Tensor, batch) -> None:
+        """Backward pass, the step's rate, clipping and the optimizer step (through fp16's scaler when there is)."""
+        scaler = self.scaler
+        (scaler.scale(loss) if scaler else loss).backward()
         self.lr = self._rate()
         self._set_lr(self.lr)
+        if scaler:
+            scaler.unscale_(self.optimizer)
         # A finite loss can still have inf/NaN gradients; stepping on them would poison the weights
         # that the next save writes. max_norm=inf only measures.
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip or float("inf"))
-        if not torch.isfinite(norm):
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip or float("inf"))
+        if scaler is None and not torch.isfinite(norm):
             raise self._non_finite("gradient norm", float(norm), batch)
-        self.optimizer.step()
-        return {"loss": float(total.detach()), "nll": parts.nll, "dsa": parts.dsa,
-                "reinforce": parts.reinforce, "entropy": parts.entropy, **extras}
+        if scaler is None:
+            self.optimizer.step()
+        else:  # fp16 overflowed when the norm is inf: the scaler skips the step and lowers its scale
+            scaler.step(self.optimizer)
+            scaler.update()
 
     def _non_finite(self, what: str, value: float, batch) -> SatError:
         return SatError(
@@ -371,8 +363,8 @@ class Trainer:
         )
 
     def _autocast(self):
-        """bf16 matrix products where ``--precision`` resolves to bf16; weights and optimizer stay fp32."""
-        return autocast(self.device, self.cfg.precision)
+        """bf16 (fp16) matrix products where ``--precision`` resolves to them; weights and optimizer stay fp32."""
+        return autocast(self.device, self.precision)
 
     def _batches(self):
         """The loader's iterator, minus the global-RNG draw DataLoader makes for a worker seed.
@@ -401,7 +393,7 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         from sat_core.evaluation.metrics import caption_metrics
 
-        refs, hyps = {}, {}
+        refs, hyps, figures = {}, {}, []
         for ids, images in self.val_images:
             if self.features is not None:  # the cache holds the validation split too: no encoder pass
                 with torch.no_grad():
@@ -410,9 +402,12 @@ class Trainer:
             else:
                 inputs = normalise(images, self.preprocess)
             results = beam_search(self.model, inputs, self.vocab, self.cfg.val)
-            for i, hyp in zip(ids, results):
+            for k, (i, hyp) in enumerate(zip(ids, results)):
                 hyps[i] = hyp[0].caption
                 refs[i] = [" ".join(s) for s in self.val_images.references(i)]
+                if self.steps is not None and len(figures) < SAMPLES:
+                    figures.append(_sample(images[k], hyp[0], refs[i][0]))
+        self.figures = figures
         self.samples = [(hyps[i], refs[i][0]) for i in list(hyps)[:SAMPLES]]  # shown on the console
         report = caption_metrics(refs, hyps, meteor=False)
         return report.corpus
@@ -426,15 +421,18 @@ class Trainer:
             return
         tensors, skeleton = flatten_state({
             "optimizer": self.optimizer.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            **rng_tensors(),
+            "scaler": self.scaler.state_dict() if self.scaler else {},
         })
         state = {
             "skeleton": skeleton, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
             "step": self.step, "best": self.best, "bad_epochs": self.bad_epochs,
             "planned_epochs": self.planned_epochs, "epochs": self.cfg.optim.epochs,
-            "baseline": self.baseline.value, "numpy_rng": numpy_state(), "python_rng": python_state(),
+            "baseline": self.baseline.value, **rng_json(),
+            "world": self.world, "plateau": self.plateau.state(), "train_seconds": self.train_seconds,
         }
+        if self.steps is not None:
+            self.steps.flush()  # the rows up to this state are on disk with it
         self._save_model(self.run_dir / "last", extra_json={STATE_JSON: state},
                          extra_tensors={STATE_TENSORS: tensors}, refresh=refresh)
 
@@ -456,9 +454,16 @@ class Trainer:
 
     def _save_model(self, directory: Path, metrics: dict | None = None, *, refresh: bool = True,
                     **extra: Any) -> None:
-        training = {"train_config": self.cfg.to_dict(), "epoch": self.epoch, "step": self.step,
+        cfg = self.cfg
+        training = {"train_config": cfg.to_dict(), "epoch": self.epoch, "step": self.step,
                     "planned_epochs": self.planned_epochs,  # the schedule's length, once fitted to --max-minutes
-                    "dataset": str(self.cfg.data.dataset), **self._domain_statistics(refresh)}
+                    "dataset": str(cfg.data.dataset), **self._domain_statistics(refresh),
+                    # what the model card says of the data, the choice of this epoch and the time it took
+                    "images": {split: self.data.split_counts.get(split, 0) for split in ("train", cfg.data.val_split)},
+                    "captions": len(self.train_set), "processes": self.world,
+                    "selection": {"metric": SELECT_KEYS[cfg.optim.select_metric], "split": cfg.data.val_split,
+                                  "best": self.best},
+                    "train_minutes": round(self.train_seconds / 60, 2), "setup_minutes": round(self.setup_s / 60, 2)}
         ckpt.save_checkpoint(directory, self.model, model_config=self.model_config, vocab=self.vocab,
                              preprocess=self.preprocess, training=training, metrics=metrics, **extra)
 
@@ -473,14 +478,13 @@ class Trainer:
         for group in self.optimizer.param_groups:  # the saved groups carry the old rate; the config wins
             group["weight_decay"] = self.cfg.optim.weight_decay
         self._set_lr(self.cfg.optim.lr)
-        torch.set_rng_state(saved["torch_rng"])
-        if saved["cuda_rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(saved["cuda_rng"])
-        name, keys, pos, has_gauss, cached = state["numpy_rng"]
-        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-        random.setstate(python_rng(state["python_rng"]))
+        restore_rngs(saved, state)
         self.epoch, self.batch_in_epoch, self.step = state["epoch"], state["batch_in_epoch"], state["step"]
         self.best, self.bad_epochs, self.baseline.value = state["best"], state["bad_epochs"], state["baseline"]
+        self.plateau.load(state.get("plateau"))
+        self.train_seconds = state.get("train_seconds", 0.0)
+        if self.scaler and saved.get("scaler"):
+            self.scaler.load_state_dict(saved["scaler"])
         if state.get("epochs") == self.cfg.optim.epochs:  # a new --epochs on resume plans afresh
             self.planned_epochs = state.get("planned_epochs", self.cfg.optim.epochs)
         if self.world > 1:
@@ -497,19 +501,23 @@ class Trainer:
         finally:  # a library caller (tests, notebooks) gets its own handlers back
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if self.steps is not None:
+                self.steps.close()
+                self.steps = None
 
     def _run_epochs(self) -> dict[str, Any]:
         cfg = self.cfg
         epoch_s = 0.0
         while self.epoch < self.planned_epochs:
             spent = (time.perf_counter() - self.started) / 60
-            if cfg.optim.max_minutes and self._from_rank0(spent + epoch_s / 60) > cfg.optim.max_minutes:
+            if cfg.optim.max_minutes and distributed.from_rank0(self.device, spent + epoch_s / 60) > cfg.optim.max_minutes:
                 self._log({"event": "time_budget", "epoch": self.epoch, "minutes": spent})
                 break
             epoch_started = time.perf_counter()
             stats = self.train_one_epoch()
             val = self.validate() if self.main_process else {}
-            score = self._from_rank0(val.get(SELECT_KEYS[cfg.optim.select_metric], 0.0))  # only rank 0 validates
+            self.train_seconds += time.perf_counter() - epoch_started
+            score = distributed.from_rank0(self.device, val.get(SELECT_KEYS[cfg.optim.select_metric], 0.0))  # only rank 0 validates
             improved = score > self.best
             self.best = max(self.best, score)
             self.bad_epochs = 0 if improved else self.bad_epochs + 1
@@ -518,10 +526,15 @@ class Trainer:
                 self._log({"epoch": self.epoch, "step": self.step, **stats, "precision": self.precision,
                            "baseline": self.baseline.value,
                            "val": val, self._best_key: self.best})
+                if self.steps is not None:
+                    self.steps.validation(self.step, val, self.figures)
                 if improved:
                     self._save_model(self.run_dir / "best", metrics={f"val_{k}": v for k, v in val.items()})
+            if cfg.optim.lr_schedule == "plateau" and self.plateau.after_validation(improved):
+                self.lr = self._rate()
+                self._log({"event": "plateau", "epoch": self.epoch, "lr": self.lr})
             self.save_last()
-            self._barrier()
+            distributed.barrier()
             epoch_s = time.perf_counter() - epoch_started
             self._fit_schedule(epoch_s)
             if cfg.optim.patience and self.bad_epochs >= cfg.optim.patience:
@@ -530,16 +543,16 @@ class Trainer:
         return {"epochs": self.epoch, self._best_key: self.best, "run_dir": str(self.run_dir)}
 
     def _rate(self) -> float:
-        return self.cfg.optim.lr_at(self.step, len(self.loader), epochs=self.planned_epochs)
+        return self.cfg.optim.lr_at(self.step, len(self.loader), epochs=self.planned_epochs, plateau=self.plateau.share)
 
     def _fit_schedule(self, epoch_s: float) -> None:
         """Shorten the plan to the epochs that still fit into --max-minutes, judged by the epoch just run,
         so that a cosine schedule ends where the run will end instead of being cut off at a high rate."""
         budget = self.cfg.optim.max_minutes
-        if not budget or self.cfg.optim.lr_schedule == "constant":
+        if not budget or self.cfg.optim.lr_schedule != "cosine":
             return
         left = budget - (time.perf_counter() - self.started) / 60
-        fit = int(self._from_rank0(self.epoch + max(0, int(left * 60 // max(epoch_s, 1e-9)))))  # ≥ self.epoch
+        fit = int(distributed.from_rank0(self.device, self.epoch + max(0, int(left * 60 // max(epoch_s, 1e-9)))))  # ≥ self.epoch
         if fit < self.planned_epochs:
             self.planned_epochs = fit
             self._log({"event": "schedule", "epoch": self.epoch, "epochs": self.planned_epochs,
@@ -554,24 +567,8 @@ class Trainer:
             return
         with open(self.run_dir / "log.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
-        print(_console_line(record, self.cfg, getattr(self, "samples", []), [t.name for t in self.extra_terms]),
+        print(console_line(record, self.cfg, getattr(self, "samples", []), [t.name for t in self.extra_terms]),
               flush=True)
-
-    def _from_rank0(self, value: float) -> float:
-        """Rank 0's value on every rank: a decision to stop must agree, or the other ranks hang in DDP."""
-        if self.world == 1:
-            return value
-        import torch.distributed as dist
-
-        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.broadcast(tensor, src=0)
-        return float(tensor)
-
-    def _barrier(self) -> None:
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         """Turn SIGINT/SIGTERM into a flag checked after each step; returns the handlers replaced."""
@@ -581,29 +578,8 @@ class Trainer:
         return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
-def _console_line(record: dict[str, Any], cfg: TrainConfig, samples: list[tuple[str, str]],
-                  extra: list[str] = ()) -> str:
-    """What a person watching the run reads: the loss by term, validation, samples, why it stopped."""
-    metric = SELECT_KEYS[cfg.optim.select_metric]
-    best = record.get(f"best_{cfg.optim.select_metric}", 0.0)
-    if record.get("event") == "early_stop":
-        return (f"early stop after epoch {record['epoch']}: no better validation {metric} for "
-                f"{cfg.optim.patience} epochs (best {best:.4f})")
-    if record.get("event") == "setup":
-        return f"setup: {record['seconds']:.0f} s before the first step (counted in --max-minutes)"
-    if record.get("event") == "schedule":
-        return (f"--max-minutes {cfg.optim.max_minutes:g} fits {record['epochs']} epochs at "
-                f"{record['epoch_minutes']:.1f} min each, not {cfg.optim.epochs}: the cosine schedule now ends "
-                f"after epoch {record['epochs']}")
-    if record.get("event") == "time_budget":
-        return (f"stopped before epoch {record['epoch'] + 1}: it would end past --max-minutes "
-                f"{cfg.optim.max_minutes:g} ({record['minutes']:.1f} min spent)")
-    v = record["val"]
-    terms = f"nll {record['nll']:.3f}  dsa {record['dsa']:.3f}  reinforce {record['reinforce']:.3f}  entropy {record['entropy']:.3f}"
-    terms += "".join(f"  {name} {record.get(name, 0.0):.3f}" for name in extra)
-    lines = [f"epoch {record['epoch']}: loss {record['loss']:.3f} ({terms})  {record['captions_per_s']:.0f} captions/s "
-             f"({record['precision']}, lr {record.get('lr', cfg.optim.lr):.2g})  "
-             f"val BLEU-4 {v.get('BLEU-4', 0):.4f}  CIDEr {v.get('CIDEr', 0):.3f}  "
-             f"best {metric} {best:.4f}"]
-    lines += [f"  sample: {hyp or '(empty)'}  |  reference: {ref}" for hyp, ref in samples]
-    return "\n".join(lines)
+
+def _sample(image: torch.Tensor, hyp, reference: str) -> Sample:
+    """A validation caption with what its figure needs; ``image`` (3, S, S) uint8 as the encoder saw it."""
+    words = hyp.words + (["<end>"] if hyp.finished else [])
+    return Sample(image.permute(1, 2, 0).cpu().numpy(), words, hyp.alphas, hyp.grid, reference)

@@ -1,0 +1,41 @@
+"""Reduce-on-plateau: the learning rate cut by a factor after epochs without a better validation figure.
+
+``OptimConfig.lr_at`` gives every step's rate (warmup, constant, cosine, plateau); for the plateau schedule
+it takes the share of ``--lr`` left by the cuts so far, which ``Plateau`` keeps (and ``last/`` saves).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sat_core.config import OptimConfig
+
+
+@dataclass
+class Plateau:
+    """The share of ``--lr`` after the cuts so far, and the epochs waited since the last better one."""
+
+    factor: float
+    patience: int
+    floor: float  # the lowest share (``lr_final``)
+    share: float = 1.0
+    waited: int = 0
+
+    @classmethod
+    def of(cls, optim: OptimConfig) -> "Plateau":
+        return cls(optim.plateau_factor, optim.plateau_patience, optim.lr_final)
+
+    def after_validation(self, improved: bool) -> bool:
+        """Count an epoch; True when it cuts the rate (``patience`` epochs in a row without a better figure)."""
+        self.waited = 0 if improved else self.waited + 1
+        if self.waited < self.patience or self.share <= self.floor:
+            return False
+        self.share, self.waited = max(self.share * self.factor, self.floor), 0
+        return True
+
+    def state(self) -> dict[str, float]:
+        return {"share": self.share, "waited": self.waited}
+
+    def load(self, state: dict[str, float] | None) -> None:
+        if state:
+            self.share, self.waited = float(state["share"]), int(state["waited"])
