@@ -31,7 +31,7 @@ LAYERS = [
     ("training and benchmarks", ("sat_core.training", "sat_core.benchmarks")),
     ("commands", ("sat_core.caption", "sat_core.train", "sat_core.evaluate", "sat_core.world", "sat_core.transforms",
                   "sat_core.ship", "sat_core.pretrain", "sat_core.convert", "sat_core.bench",
-                  "sat_core.prepro")),
+                  "sat_core.prepro", "sat_core.scst")),
 ]
 
 
