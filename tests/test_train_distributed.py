@@ -138,10 +138,10 @@ def test_two_processes_give_one_process_s_losses_over_the_same_global_batch(worl
     for x, y in zip(a, b):
         assert x["captions"] == y["captions"] and x["lr"] == y["lr"]
         for term in ("loss", "nll", "dsa"):
-            assert float(y[term]) == pytest.approx(float(x[term]), rel=2e-4, abs=1e-5), (x["step"], term)
+            assert float(y[term]) == pytest.approx(float(x[term]), rel=1e-5, abs=1e-6), (x["step"], term)
     epoch = [[json.loads(line) for line in (r / "log.jsonl").read_text().splitlines() if '"val"' in line][0]
              for r in (one, two)]
-    assert epoch[1]["loss"] == pytest.approx(epoch[0]["loss"], rel=2e-4)
+    assert epoch[1]["loss"] == pytest.approx(epoch[0]["loss"], rel=1e-5)  # measured: 2.5e-7 at most
 
     capsys.readouterr()
     assert train.main(["--resume", str(two), "--epochs", "2"]) == 2  # one process for a 2-process run
