@@ -9,12 +9,15 @@ import json
 import pytest
 import torch
 
+from sat_core.config import DecodeConfig
+from sat_core.decoding import beam, beam_search
 from sat_core.models.encoder import Annotations
 from tests import beam_reference as ref
 
 RECORDED = json.loads(ref.REFERENCE.read_text())["cases"]
 CASES = [c for c in ref.cases() if ref.case_name(c) in RECORDED]
 SAMPLED = ("hard_mode", "sample_words")  # seeded draws: one image alone draws other numbers than the batch
+SEARCHED = [c for c in CASES if not any(k in c for k in SAMPLED)]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,7 @@ def test_batched_search_gives_the_recorded_results(models, case):
         _check(hyps, rec, f"image {i}")
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not any(k in c for k in SAMPLED)], ids=_ids)
+@pytest.mark.parametrize("case", SEARCHED, ids=_ids)
 def test_one_image_at_a_time_gives_the_recorded_results(models, case):
     if case["model"] not in models:
         pytest.skip("checkpoints/shapes_soft is not shipped")
@@ -65,3 +68,45 @@ def test_the_reference_holds_varied_searches():
     assert len({n for n, done in lengths if done}) >= 5
     assert any(not done for _, done in lengths)
     assert torch.tensor([len(hyps) for case in RECORDED.values() for hyps in case]).min() >= 1
+
+
+@pytest.fixture
+def fixed_rows(monkeypatch):
+    """The search as on a GPU: every image keeps its K rows until the whole batch is done (finished ones
+    masked), one row count from the second step to the last."""
+    monkeypatch.setattr(beam, "_fixed_rows", lambda device: True)
+
+
+@pytest.mark.parametrize("case", SEARCHED, ids=_ids)
+def test_fixed_rows_with_finished_images_masked_give_the_recorded_results(models, case, fixed_rows):
+    if case["model"] not in models:
+        pytest.skip("checkpoints/shapes_soft is not shipped")
+    model = models[case["model"]][0]
+    rows_seen, step = [], model.decoder.step
+
+    def counting_step(tokens, *args, **kwargs):
+        rows_seen.append(tokens.shape[0])
+        return step(tokens, *args, **kwargs)
+
+    model.decoder.step = counting_step
+    try:
+        results = ref.run_case(case, models)
+    finally:
+        del model.decoder.step
+    B, K = len(results), case["beam_size"]
+    assert rows_seen[0] == B and set(rows_seen[1:]) <= {B * K}, rows_seen
+    for i, (hyps, rec) in enumerate(zip(results, RECORDED[ref.case_name(case)])):
+        _check(hyps, rec, f"image {i}, fixed rows")
+
+
+@pytest.mark.parametrize("beam_size", [1, 3, 5])
+def test_fixed_rows_equal_leaving_rows_in_bf16(models, fixed_rows, monkeypatch, beam_size):
+    """bf16 (its exact re-scoring and the fp32 settling of near-ties) gives the same captions either way."""
+    model, vocab, feats = models["soft"]
+    cfg = DecodeConfig(beam_size=beam_size, max_len=ref.MAX_LEN, length_norm=1.0, precision="bf16")
+    fixed = beam_search(model, feats, vocab, cfg)
+    monkeypatch.setattr(beam, "_fixed_rows", lambda device: False)
+    leaving = beam_search(model, feats, vocab, cfg)
+    for a, b in zip(fixed, leaving):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)

@@ -45,31 +45,69 @@ class Hypothesis:
 
 @dataclass
 class _Trace:
-    """Per-step tensors and back-pointers, turned into hypotheses once decoding ends."""
+    """Per-step tensors and back-pointers, left on the device until decoding ends."""
 
-    alphas: list[torch.Tensor] = field(default_factory=list)  # per step (N, L)
-    betas: list[torch.Tensor] = field(default_factory=list)  # per step (N,)
-    locations: list[torch.Tensor] = field(default_factory=list)  # per step (N,)
-    parents: list[np.ndarray] = field(default_factory=list)  # per step (N,): row at step t of row i at t+1
-    words: list[np.ndarray] = field(default_factory=list)  # per step (N,): word row i at t+1 was fed
-
-    def to_numpy(self) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-        """Per step arrays; the number of rows N_t changes as images finish."""
-        return (
-            [a.float().cpu().numpy() for a in self.alphas],  # per step (N_t, L)
-            [b.float().cpu().numpy() for b in self.betas],  # per step (N_t,)
-            [loc.cpu().numpy() for loc in self.locations],  # per step (N_t,)
-        )
+    alphas: list[torch.Tensor] = field(default_factory=list)  # per step (N_t, L)
+    betas: list[torch.Tensor] = field(default_factory=list)  # per step (N_t,)
+    locations: list[torch.Tensor] = field(default_factory=list)  # per step (N_t,)
+    parents: list[torch.Tensor] = field(default_factory=list)  # per step (N_t+1,): row at step t of row i at t+1
+    words: list[torch.Tensor] = field(default_factory=list)  # per step (N_t+1,): word row i at t+1 was fed
 
 
-def _hypothesis(end, trace, arrays, vocab, grid, length_norm) -> Hypothesis:
+@dataclass
+class _Ends:
+    """Each image's hypotheses that ended inside its beam, as tensors: slot j of image b is the j-th <end> it
+    found, in the order found (the order ties keep when ranked). Column 2K takes the writes of no <end>.
+
+    At most 2K − 1 are ever needed: an image has fewer than K before a step (else it is done), and a step
+    finishes at most K (only <end>s among its K best candidates)."""
+
+    t: torch.Tensor  # (B, 2K+1) the step that produced the <end>
+    row: torch.Tensor  # (B, 2K+1) the row at step t it followed
+    logprob: torch.Tensor  # (B, 2K+1) fp32
+    count: torch.Tensor  # (B,) slots used
+    done: torch.Tensor  # (B,) bool: no live hypothesis can still win a place (``_search_over``)
+
+    @classmethod
+    def empty(cls, B: int, K: int, device: torch.device) -> "_Ends":
+        zeros = lambda dtype: torch.zeros(B, 2 * K + 1, dtype=dtype, device=device)  # noqa: E731
+        return cls(zeros(torch.long), zeros(torch.long), zeros(torch.float32),
+                   torch.zeros(B, dtype=torch.long, device=device), torch.zeros(B, dtype=torch.bool, device=device))
+
+
+@dataclass
+class _Last:
+    """Where the search stopped: the images still decoding (row order), their live scores and whether the
+    length cap was reached (their live beams then become unfinished hypotheses)."""
+
+    active: torch.Tensor  # (B',) image ids
+    scores: torch.Tensor  # (B', K)
+    at_cap: bool
+
+
+def _to_host(tensors: list[torch.Tensor]) -> list[np.ndarray]:
+    """Every tensor on the host, in one transfer per kind (floating point as fp32, integers as int64)."""
+    out: list[np.ndarray | None] = [None] * len(tensors)
+    for floating in (True, False):
+        picked = [i for i, x in enumerate(tensors) if x.is_floating_point() == floating]
+        if not picked:
+            continue
+        dtype = torch.float32 if floating else torch.long
+        flat = torch.cat([tensors[i].reshape(-1).to(dtype) for i in picked]).cpu().numpy()  # the one copy
+        sizes = [tensors[i].numel() for i in picked]
+        for i, part in zip(picked, np.split(flat, np.cumsum(sizes)[:-1])):
+            out[i] = part.reshape(tuple(tensors[i].shape))
+    return out
+
+
+def _hypothesis(end, host, vocab, grid, length_norm) -> Hypothesis:
     """Walk the back-pointers from (step t, row r, last word w) to the first step."""
     t, row, word, logprob, finished = end
-    alphas, betas, locs = arrays
+    alphas, betas, locs, parents, words = host
     tokens, a, b, loc = [word], [alphas[t][row]], [betas[t][row]], [locs[t][row]]
     for s in range(t - 1, -1, -1):
-        tokens.append(int(trace.words[s][row]))
-        row = int(trace.parents[s][row])
+        tokens.append(int(words[s][row]))
+        row = int(parents[s][row])
         a.append(alphas[s][row])
         b.append(betas[s][row])
         loc.append(locs[s][row])
@@ -125,13 +163,8 @@ def beam_search(
             feats, grid = encode(model, inputs, device)  # (B, L, D)
             sampled = sample_words or (model.hard and cfg.hard_mode == "sample")
             settle = precision == "bf16" and cfg.fp32_ties > 0 and not sampled
-            ends, trace = _search(model, feats, device, vocab, cfg, intervention, generator, sample_words)
-        arrays = trace.to_numpy()
-        results = []
-        for per_image in ends:
-            hyps = [_hypothesis(e, trace, arrays, vocab, grid, cfg.length_norm) for e in per_image]
-            hyps.sort(key=_rank)
-            results.append(hyps[:K])
+            ends, trace, last = _search(model, feats, device, vocab, cfg, intervention, generator, sample_words)
+        results = _results(ends, trace, last, vocab, grid, cfg)
         if settle:
             _settle_ties_in_fp32(model, vocab, feats, results, cfg, intervention)
     finally:
@@ -181,90 +214,102 @@ def _settle_ties_in_fp32(model: Captioner, vocab: Vocab, feats: torch.Tensor, re
         results[b].sort(key=_rank)
 
 
+def _fixed_rows(device: torch.device) -> bool:
+    """Whether finished images keep their rows (masked) instead of leaving the batch.
+
+    On a GPU a step's cost barely depends on its rows, and one row count for the whole decode is what lets a
+    CUDA graph (or ``torch.compile(mode="reduce-overhead")``) serve every step. On a CPU a row costs its share,
+    so finished images leave the batch. Both give the same hypotheses (tests/test_beam_reference.py)."""
+    return device.type != "cpu"
+
+
 def _search(model, feats, device, vocab, cfg, intervention, generator, sample_words=False):
-    """The beam loop over annotations (B, L, D). Rows are numbered afresh at every step; ``trace`` links
-    them back."""
+    """The beam loop over annotations (B, L, D), its bookkeeping on the device. Rows are numbered afresh at
+    every step; ``trace`` links them back. Synchronises with the host once a step (is any image still
+    decoding?) and copies nothing else until the end."""
     K = cfg.beam_size
     prep, h, c = model.decoder.prepare(feats)  # (B, L, A), (B, n): one row per image at t = 0
     B, V = feats.shape[0], len(vocab)
-    active = np.arange(B)  # the images still decoding, in row order
-    tokens = torch.full((B,), vocab.start_id, dtype=torch.long, device=device)
+    fixed = _fixed_rows(device)
+    active = torch.arange(B, device=device)  # (B',) the images still decoding, in row order
+    tokens = torch.full((B,), vocab.start_id, dtype=torch.long, device=device)  # (N,)
     scores = torch.zeros(B, 1, device=device)  # (B', k) log-probabilities of the live rows
     if (sample_words or model.hard and cfg.hard_mode == "sample") and generator is None:
         generator = torch.Generator(device).manual_seed(cfg.seed)
-    width = 2 * K  # candidates per image: K to keep, and room for the <end>s among them
-    trace, ends = _Trace(), [[] for _ in range(B)]  # ends: (t, row, word, logprob, finished)
-    done = np.zeros(B, dtype=bool)
+    banned = [torch.tensor(suppressed(vocab, cfg, t), device=device) for t in (0, 1)]  # <end> allowed from t = 1
+    # An image's best candidates are among each row's as many best words (a row's score is a constant);
+    # sampling offers one candidate per row: the word it drew.
+    n_top = 1 if sample_words else min(2 * K, V)
+    trace, ends = _Trace(), _Ends.empty(B, K, device)
     for t in range(cfg.max_len):
-        n, k = tokens.shape[0], scores.shape[1]  # rows, rows per image
         edit = intervention.editor(t, device) if intervention is not None else None
-        sample = sample_mask(model, cfg, n, device)
+        sample = sample_mask(model, cfg, tokens.shape[0], device)
         out = model.decoder.step(tokens, h, c, prep, sample=sample, generator=generator, alpha_edit=edit)
         trace.alphas.append(out.alpha)
         trace.betas.append(out.beta)
         trace.locations.append(out.location)
-        # An image's best candidates are among each row's as many best words (a row's score is a constant);
-        # sampling offers one candidate per row: the word it drew.
-        n_top = 1 if sample_words else min(width, V)
         if sample_words:
-            row_words, logp = draw_words(out, suppressed(vocab, cfg, t), generator)  # (n, 1), (n, 1)
+            row_words, logp = draw_words(out, banned[min(t, 1)], generator)  # (N, 1), (N, 1)
         else:
-            row_words, logp = top_log_probs(model, out, suppressed(vocab, cfg, t), n_top)  # (n, T), (n, T)
-        cand = (logp + scores.view(n, 1)).view(len(active), k * n_top)  # (B', k·T)
-        top_scores, top_pos = cand.topk(min(width, k * n_top), dim=1)  # (B', width)
-        top_rows = top_pos // n_top + k * torch.arange(len(active), device=device).view(-1, 1)  # (B', width)
-        top_words = row_words[top_rows, top_pos % n_top]  # (B', width)
-        rows, words, new_scores = _select(top_scores.cpu().numpy(), top_rows.cpu().numpy(),
-                                          top_words.cpu().numpy(), K, k, vocab.end_id, t, ends, done, active)
-        live = ~done[active]  # (B',)
-        if not live.any():
+            row_words, logp = top_log_probs(model, out, banned[min(t, 1)], n_top)  # (N, T), (N, T)
+        rows, words, scores = _select(logp + scores.view(-1, 1), row_words, K, vocab.end_id, t, ends, active)
+        live = ~ends.done[active]  # (B',)
+        n_live = int(live.sum())  # the step's one synchronisation
+        if n_live == 0:
             break
-        if not live.all():  # finished images leave the batch: their rows are never computed again
-            keep = np.repeat(live, K)
-            rows, words, new_scores, active = rows[keep], words[keep], new_scores[live], active[live]
-            prep = prep.index(torch.from_numpy(np.flatnonzero(live)).to(device))
+        if n_live < len(active) and not fixed:  # finished images leave: their rows are never computed again
+            keep = live.repeat_interleave(K)  # (B'·K,)
+            rows, words, scores, active = rows[keep], words[keep], scores[live], active[live]
+            prep = prep.index(live.nonzero().squeeze(1))
         trace.parents.append(rows)
         trace.words.append(words)
-        rows_t = torch.from_numpy(rows).to(device)
-        h, c = out.h[rows_t], out.c[rows_t]  # (B'·K, n)
-        tokens = torch.from_numpy(words).to(device)
-        scores = torch.from_numpy(new_scores).to(device)
-    else:
-        _add_unfinished(ends, active, scores.cpu().numpy(), words, trace, K)
-    return ends, trace
+        h, c = out.h[rows], out.c[rows]  # (B'·K, n)
+        tokens = words
+    return ends, trace, _Last(active, scores, at_cap=t == cfg.max_len - 1 and n_live > 0)
 
 
-def _select(top_scores, top_rows, top_words, K, k, end_id, t, ends, done, active):
-    """Beam bookkeeping for one step: finish <end> candidates ranked in the top K, keep K others.
+def _select(cand, row_words, K, end_id, t, ends, active):
+    """Beam bookkeeping for one step, as tensors: finish <end> candidates ranked in the top K, keep K others.
 
-    ``k`` is the number of rows per image this step (1 at t = 0, then K); row j of image b is
-    b·k + j. Only an <end> among an image's K best candidates is finished, so beam 1 is exactly
-    greedy. Returns the new rows' parents (B'·K,), their words (B'·K,) and scores (B', K).
+    ``cand`` (N, T): each row's candidates' scores, ``row_words`` (N, T) their words; rows come k per image
+    (1 at t = 0, then K), row j of image b being b·k + j. Only an <end> among an image's K best candidates is
+    finished, so beam 1 is exactly greedy. Records the finished ones in ``ends`` (images ``active``) and
+    updates ``ends.done``; returns the new rows' parents (B'·K,), words (B'·K,) and scores (B', K): −inf in
+    slots left empty and for every image that is done (its rows then stay inert where they are kept).
     """
-    n_images = top_scores.shape[0]
-    rows = np.repeat(np.arange(n_images) * k, K)  # dead slots point at the image's first row
-    words = np.full(n_images * K, end_id, dtype=np.int64)
-    new_scores = np.full((n_images, K), -np.inf, dtype=np.float32)
-    for b in range(n_images):
-        image, kept = active[b], 0
-        for j in range(top_scores.shape[1]):
-            score = top_scores[b, j]
-            if score == -np.inf or kept == K:
-                break
-            row, word = top_rows[b, j], top_words[b, j]
-            if word == end_id:
-                if j < K:
-                    ends[image].append((t, int(row), int(word), float(score), True))
-                continue
-            rows[b * K + kept], words[b * K + kept], new_scores[b, kept] = row, word, score
-            kept += 1
-        finished = sum(1 for e in ends[image] if e[4])
-        done[image] = _search_over(finished, float(new_scores[b, 0]), K)
-    return rows, words, new_scores
+    n_images, width = active.shape[0], cand.shape[1]
+    k = cand.shape[0] // n_images
+    cand = cand.view(n_images, k * width)  # (B', k·T)
+    top_scores, top_pos = cand.topk(min(2 * K, k * width), dim=1)  # (B', W): room for the <end>s among K
+    first = k * torch.arange(n_images, device=cand.device).view(-1, 1)  # (B', 1) each image's first row
+    top_rows = top_pos // width + first  # (B', W)
+    top_words = row_words.view(-1)[top_rows * width + top_pos % width]  # (B', W)
+    valid = top_scores > -float("inf")  # (B', W) sorted: once −inf, −inf to the end
+    is_end = top_words == end_id
+    rank = torch.arange(top_scores.shape[1], device=cand.device)  # (W,)
+    finish = valid & is_end & (rank < K)  # (B', W)
+    going = valid & ~is_end
+    slot = going.long().cumsum(1) - 1  # (B', W) each going candidate's place among the image's kept ones
+    slot = torch.where(going & (slot < K), slot, K)  # column K: not kept
+    rows = first.expand(n_images, K + 1).clone().scatter_(1, slot, top_rows)[:, :K]  # dead: the first row
+    words = torch.full((n_images, K + 1), end_id, device=cand.device).scatter_(1, slot, top_words)[:, :K]
+    scores = torch.full((n_images, K + 1), -float("inf"), device=cand.device).scatter_(1, slot, top_scores)
+    scores = scores[:, :K]  # (B', K)
+    count = ends.count[active]  # (B',)
+    place = torch.where(finish, count.view(-1, 1) + finish.long().cumsum(1) - 1, 2 * K)  # (B', W)
+    image = active.view(-1, 1).expand_as(place)
+    ends.t.index_put_((image, place), torch.zeros_like(place) + t)  # t: a step number, or a tensor holding it
+    ends.row.index_put_((image, place), top_rows)
+    ends.logprob.index_put_((image, place), top_scores)
+    count = count + finish.sum(1)
+    done = _search_over(count, scores[:, 0], K)  # (B',)
+    ends.count[active] = count
+    ends.done[active] = done
+    return rows.reshape(-1), words.reshape(-1), scores.masked_fill(done.view(-1, 1), -float("inf"))
 
 
-def _search_over(finished: int, best_live: float, K: int) -> bool:
-    """True when no live hypothesis can still win a place among the image's K results.
+def _search_over(finished: torch.Tensor, best_live: torch.Tensor, K: int) -> torch.Tensor:
+    """True (per image) when no live hypothesis can still win a place among the image's K results.
 
     The results are the first K hypotheses to end inside the beam (an <end> among the image's K
     best candidates), ranked by length-normalised score; while fewer have ended, live ones fill the
@@ -272,18 +317,37 @@ def _search_over(finished: int, best_live: float, K: int) -> bool:
     alive. The rule does not depend on ``length_norm``: beam 1 is greedy for every normalisation
     (a bound on future scores would let a normalised search run on past greedy's <end>).
     """
-    return finished >= K or best_live == -np.inf
+    return (finished >= K) | (best_live == -float("inf"))
 
 
-def _add_unfinished(ends, active, scores, words, trace, K) -> None:
+def _results(ends: _Ends, trace: _Trace, last: _Last, vocab: Vocab, grid: tuple[int, int],
+             cfg: DecodeConfig) -> list[list[Hypothesis]]:
+    """The one copy to the host, then each image's hypotheses, best first: finished by length-normalised score,
+    then (at the length cap) the best unfinished ones."""
+    T, P = len(trace.alphas), len(trace.parents)
+    host = _to_host([*trace.alphas, *trace.betas, *trace.locations, *trace.parents, *trace.words,
+                     ends.t, ends.row, ends.logprob, ends.count, last.active, last.scores])
+    steps = host[: 3 * T + 2 * P]
+    arrays = (steps[:T], steps[T : 2 * T], steps[2 * T : 3 * T], steps[3 * T : 3 * T + P], steps[3 * T + P :])
+    end_t, end_row, end_logprob, count, active, scores = host[3 * T + 2 * P :]
+    per_image = [[(int(end_t[b, j]), int(end_row[b, j]), vocab.end_id, float(end_logprob[b, j]), True)
+                  for j in range(count[b])] for b in range(len(count))]
+    if last.at_cap:
+        _add_unfinished(per_image, active, scores, arrays[3][-1], arrays[4][-1], T - 1, cfg.beam_size)
+    results = []
+    for found in per_image:
+        hyps = sorted((_hypothesis(e, arrays, vocab, grid, cfg.length_norm) for e in found), key=_rank)
+        results.append(hyps[: cfg.beam_size])
+    return results
+
+
+def _add_unfinished(ends, active, scores, parents, words, t, K) -> None:
     """At the length cap: the live beams become (unfinished) hypotheses of the images not done."""
-    t = len(trace.alphas) - 1
     for b, image in enumerate(active):
         for k in range(K):
             if scores[b, k] > -np.inf:
                 # The live row at step t+1 came from parents[t]; its last word is words[t].
-                row = int(trace.parents[t][b * K + k])
-                ends[image].append((t, row, int(words[b * K + k]), float(scores[b, k]), False))
+                ends[image].append((t, int(parents[b * K + k]), int(words[b * K + k]), float(scores[b, k]), False))
 
 
 def sample_hard(
