@@ -153,6 +153,7 @@ def installed_files(package: Path) -> set[str]:
 
 @pytest.mark.slow
 def test_installed_commands_and_app_run_from_another_folder(source: Path, tmp_path: Path) -> None:
+    pytest.importorskip("streamlit")  # the installed app is drawn by streamlit's AppTest
     bin_dir = venv_with(source, tmp_path / "venv", ".")
     where = run([str(bin_dir / "python"), "-c", "import sat_core, explorer; print(sat_core.__file__, explorer.__file__)"],
                 cwd=tmp_path)

@@ -83,7 +83,7 @@ def explorer_env(tmp_path_factory) -> Env:
 
 def new_app(params: dict[str, str] | None = None):
     """A fresh app session (the tiny soft model unless params say otherwise), not yet run."""
-    from streamlit.testing.v1 import AppTest
+    AppTest = pytest.importorskip("streamlit.testing.v1").AppTest  # skipped where streamlit is not installed
 
     at = AppTest.from_file(APP, default_timeout=30)
     at.query_params = {"ckpt": "tiny-soft", **(params or {})}

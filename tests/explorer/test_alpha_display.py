@@ -16,6 +16,8 @@ from sat_core.config import DecodeConfig
 from sat_core.decoding import beam_search, score_caption
 from sat_core.data.images import load_image, preprocess
 
+pytest.importorskip("streamlit")  # the app's tests: skipped where streamlit is not installed
+
 from explorer import exports, maps
 from tests.explorer.conftest import new_app
 from tests.explorer.test_step import plotly_array

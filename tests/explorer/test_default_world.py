@@ -12,6 +12,8 @@ from sat_core.checkpoint import load_checkpoint
 from sat_core.decoding import beam_search
 from sat_core.data.images import load_image, preprocess
 
+pytest.importorskip("streamlit")  # the app's tests: skipped where streamlit is not installed
+
 from explorer import resources as res
 from explorer.settings import DEFAULT_CHECKPOINTS, parse_settings
 from tests.golden import why_not

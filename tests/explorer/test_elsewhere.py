@@ -11,6 +11,9 @@ from sat_core.decoding import Intervention, beam_search, score_caption
 from sat_core.regions import format_cells, grid_region
 from sat_core.data.words import word_diff
 
+import pytest
+pytest.importorskip("streamlit")  # the app's tests: skipped where streamlit is not installed
+
 from explorer.components.regions import selection_cells
 
 from tests.explorer.test_pages import open_page, tensor_for

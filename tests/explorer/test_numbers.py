@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import re
 
+import pytest
+pytest.importorskip("streamlit")  # the app's tests: skipped where streamlit is not installed
+
 from tests.explorer.test_compare import charts, open_compare
 from tests.explorer.test_pages import open_page
 

@@ -11,6 +11,8 @@ import pytest
 from sat_core import train
 from sat_core.evaluation.caption_errors import REFERENCE_LABELS
 from sat_core.checkpoint import load_checkpoint
+pytest.importorskip("streamlit")  # the app's tests: skipped where streamlit is not installed
+
 from tests.fixtures_photos import make_photo_set
 
 

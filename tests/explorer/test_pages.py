@@ -10,6 +10,8 @@ import pytest
 from sat_core.config import DecodeConfig
 from sat_core.data.images import load_image, preprocess
 
+pytest.importorskip("streamlit")  # the app's tests: skipped where streamlit is not installed
+
 from tests.explorer.conftest import new_app
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+pytest.importorskip("streamlit")  # the app's tests: skipped where streamlit is not installed
+
 from tests.explorer.test_pages import open_page
 
 PAPER = "the paper's decoding (plain beam search of the paper's model"

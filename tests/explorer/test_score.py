@@ -9,6 +9,9 @@ import numpy as np
 from sat_core.config import DecodeConfig
 from sat_core.decoding import beam_search, score_caption
 
+import pytest
+pytest.importorskip("streamlit")  # the app's tests: skipped where streamlit is not installed
+
 from tests.explorer.test_pages import open_page, tensor_for
 
 

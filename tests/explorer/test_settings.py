@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+pytest.importorskip("streamlit")  # the app's tests: skipped where streamlit is not installed
+
 from explorer.settings import DEFAULT_CHECKPOINTS, DEFAULT_WORLDS, DataSource, parse_settings, source_for
 from explorer.sidebar import checkpoint_names
 

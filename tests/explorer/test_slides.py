@@ -11,6 +11,9 @@ from PIL import Image, ImageDraw
 
 from sat_core import viz
 
+import pytest
+pytest.importorskip("streamlit")  # the app's tests: skipped where streamlit is not installed
+
 from explorer import exports, maps
 
 

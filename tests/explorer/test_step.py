@@ -14,6 +14,9 @@ from sat_core.config import DecodeConfig
 from sat_core.decoding import DecodeSession, beam_search
 from sat_core.data.images import load_image, preprocess
 
+import pytest
+pytest.importorskip("streamlit")  # the app's tests: skipped where streamlit is not installed
+
 from tests.explorer.conftest import new_app
 
 

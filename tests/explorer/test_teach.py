@@ -6,6 +6,9 @@ import numpy as np
 
 from sat_core.evaluation.alpha import doubly_stochastic
 
+import pytest
+pytest.importorskip("streamlit")  # the app's tests: skipped where streamlit is not installed
+
 from tests.explorer.test_step import alpha_chart, open_step, plotly_array, reference_session
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("streamlit")  # the app's tests: skipped where streamlit is not installed
+
 from explorer import resources as res
 from explorer.settings import DEFAULT_CHECKPOINTS
 from tests.explorer.conftest import APP
