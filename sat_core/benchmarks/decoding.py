@@ -23,6 +23,9 @@ from sat_core.models.captioner import Captioner
 from sat_core.precision import autocast
 
 
+LARGE_BATCH = 1024  # on a GPU also, COCO size: a batch that can fill it (batch 64 is launch-bound there)
+
+
 def attention_decode_runner(model: Captioner, dims: Dims, B: int, K: int, device: torch.device,
                             precision: str) -> Callable[[], None]:
     """The model's attention block alone at N = B·K rows: α from h (f_att) and the context product."""
@@ -152,11 +155,12 @@ def run_decode(devices: list[torch.device], *, quick: bool = False, precision: s
                which: str = "all") -> dict[str, list[dict[str, Any]]]:
     beams, batches = ((1, 2), (1, 4)) if quick else ((1, 3, 5), (1, 16, 64))
     max_len, min_time = (4, 0.0) if quick else (20, 1.0)
+    large = [] if quick or all(d.type != "cuda" for d in devices) else [LARGE_BATCH]
     if quick:
         models = [random_model(QUICK, max(batches))]
     else:
         models = ([shipped_model(64)] if which in ("all", "shipped") else []) + \
-                 ([random_model(COCO, 64)] if which in ("all", "coco") else [])
+                 ([random_model(COCO, max(batches + large))] if which in ("all", "coco") else [])
     rows, serial = [], []
     for device, p in cases(devices, precision):
         for dm in models:
@@ -165,6 +169,8 @@ def run_decode(devices: list[torch.device], *, quick: bool = False, precision: s
                 for B in batches:
                     rows.append(progress(decode_case(dm, device, p, K, B, max_len, min_time)))
                 serial.append(progress(one_by_one_case(dm, device, p, K, B, max_len, rows[-1])))
+                if device.type == "cuda" and len(dm.feats) > max(batches):
+                    rows += [progress(decode_case(dm, device, p, K, B, max_len, min_time)) for B in large]
             dm.model.to("cpu")
     return {"decode": rows, "one_by_one": serial}
 

@@ -72,8 +72,16 @@ def train_case(dims: Dims, attention: str, device: torch.device, precision: str 
             "step_over_floor": seconds / floor_s, "peak_mb": mem.mb}
 
 
+LARGE_BATCH = 512  # on a GPU also: a batch that can fill it (batch 32 is launch-bound there)
+
+
 def run_train(devices: list[torch.device], *, quick: bool = False, precision: str = "all") -> list[dict[str, Any]]:
     sizes = [QUICK] if quick else [COCO, PAPER]
     kwargs = {"batch": 4, "length": 4, "min_time": 0.0} if quick else {}
-    return [progress(train_case(dims, attention, device, p, **kwargs))
-            for device, p in cases(devices, precision) for dims in sizes for attention in ("soft", "hard")]
+    rows = []
+    for device, p in cases(devices, precision):
+        batches = [kwargs.get("batch", 32)] + ([LARGE_BATCH] if device.type == "cuda" and not quick else [])
+        for dims in sizes:
+            for attention in ("soft", "hard"):
+                rows += [progress(train_case(dims, attention, device, p, **{**kwargs, "batch": b})) for b in batches]
+    return rows
