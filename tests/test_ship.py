@@ -244,7 +244,11 @@ def test_the_scenes_card_shows_the_sets_off_the_generator_beside_the_test_split_
     assert "| empty captions | 0 | 0 | 0 |" in text and "| count accuracy | n/a | n/a | n/a |" in text
     assert "27 of the 30 left/right statements" in text and "(0.900; 40 stated" in text
     assert "| 2 | 0.500 | 3.500 |" in text and "## Validation (what the shipped epoch was chosen on)" in text
-    assert "Fixed before training and read on no split" in text and "λ_r = 1" in text
+    assert "Fixed before training and read on no split" in text
+    assert f"λ_r = {cfg.model.hard.reinforce_weight:g}" in text and "doubly stochastic" not in text
+    soft = ship.model_card("scenes_soft", TrainConfig.from_dict(json.loads(ship.preset_path("scenes_soft").read_text())),
+                           {}, metrics)
+    assert "doubly stochastic penalty (λ = 1," in soft and "REINFORCE" not in soft
     plain = ship.model_card("shapes_soft", TrainConfig.from_dict(json.loads(ship.preset_path("shapes_soft").read_text())),
                             {}, METRICS)
     assert "Off the generator" not in plain and "## Choices" not in plain

@@ -159,7 +159,8 @@ class DomainReference:
     def check(self, image: Image.Image, annotation: np.ndarray | None = None) -> DomainCheck:
         """Compare ``image`` with the references; ``annotation`` (its mean annotation vector, from
         ``mean_annotations`` with the checkpoint's model) adds the encoder's view when the reference has one."""
-        dist = float((0.5 * np.abs(self.features - colour_features(image)).sum(-1)).min())
+        features = colour_features(image)
+        dist = float((0.5 * np.abs(self.features - features).sum(-1)).min())
         share = coloured_share(image)
         reasons = []
         if dist > self.threshold:
@@ -168,7 +169,7 @@ class DomainReference:
                 f"(threshold {self.threshold:.2f})"
             )
         if share < _COLOURED_MIN_SHARE:
-            reasons += self._grey_reasons(share)
+            reasons += self._grey_reasons(share, bool(features[0] >= _GREY_REFERENCE_BIN0))
         ratio = None
         if self.annotations is not None and annotation is not None:
             ratio = self.annotations.ratio(annotation)
@@ -183,14 +184,16 @@ class DomainReference:
         """How many reference images are grey (their saturation histogram all in its lowest bin)."""
         return int((self.features[:, 0] >= _GREY_REFERENCE_BIN0).sum())
 
-    def _grey_reasons(self, share: float) -> list[str]:
-        """A grey image's reason to warn: the references were coloured, every one or most. A model that saw
-        some grey pictures still reads colour words off colour, so on a grey one they are guesses."""
+    def _grey_reasons(self, share: float, grey_image: bool) -> list[str]:
+        """A colourless image's reason to warn: the references were coloured, every one or most. A model that
+        saw some grey pictures still reads colour words off colour, so on a grey one they are guesses. Against
+        references some of which are grey, only a grey image counts (``grey_image``: its saturation all in the
+        lowest bin, as a grey reference's), not a merely drab one."""
         if self.min_coloured_share >= _COLOURED_MIN_SHARE:
             return [f"it has almost no strongly coloured pixels ({100 * share:.2f} %), unlike every "
                     f"reference image (at least {100 * self.min_coloured_share:.1f} %)"]
         grey, total = self.grey_references(), len(self.features)
-        if grey < GREY_REFERENCES_MAX * total:
+        if grey_image and grey < GREY_REFERENCES_MAX * total:
             return [f"it is grey (only {100 * share:.2f} % of its pixels strongly coloured), like just {grey} of the "
                     f"{total} reference images: the colours its caption names are guesses"]
         return []
