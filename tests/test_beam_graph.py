@@ -69,9 +69,9 @@ def replayed_decode(model, feats: Annotations, vocab, cfg: DecodeConfig, capture
             r, w, s = beam._select(lp + static["scores"].view(-1, 1), row_words, K, end_id, static["t"], ends, active)
             return o.alpha, o.beta, o.location, r, w, s, o.h[r], o.c[r]
 
-        saved = [x.clone() for x in (ends.t, ends.row, ends.logprob, ends.count, ends.done)]
-        restore = lambda: [x.copy_(y) for x, y in zip((ends.t, ends.row, ends.logprob, ends.count, ends.done),  # noqa: E731
-                                                       saved)]
+        state = (ends.t, ends.row, ends.logprob, ends.count, ends.done)
+        saved = [x.clone() for x in state]
+        restore = lambda: [x.copy_(y) for x, y in zip(state, saved)]  # noqa: E731
         run, at_cap = capture(step, restore), False
         for t in range(1, cfg.max_len):
             static["t"].fill_(t)

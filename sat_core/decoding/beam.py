@@ -1,6 +1,9 @@
 """Batched beam search: THE decode loop (greedy is beam 1), and seeded hard-attention samples through it.
 
-B images × K beams run as one (B·K)-row tensor; an image leaves the batch as soon as its search is over.
+B images × K beams run as one (B·K)-row tensor. The bookkeeping stays on the device: each image's top K of its
+K·V candidates, its finished hypotheses and whether its search is over are tensors, and the host sees them once,
+when decoding ends. On a CPU an image leaves the batch as soon as its search is over; on a GPU it keeps its rows,
+masked, so that every step after the first has one row count (what a CUDA graph needs).
 """
 
 from __future__ import annotations
@@ -75,6 +78,22 @@ class _Ends:
                    torch.zeros(B, dtype=torch.long, device=device), torch.zeros(B, dtype=torch.bool, device=device))
 
 
+    def record(self, finish: torch.Tensor, rows: torch.Tensor, logprobs: torch.Tensor, t, active: torch.Tensor
+               ) -> torch.Tensor:
+        """Take the candidates ``finish`` marks (B', W) of images ``active`` (B',); their new counts (B',)."""
+        count = self.count[active]  # (B',)
+        if finish.device.type == "cpu" and not bool(finish.any()):  # most steps; asking costs nothing on a CPU
+            return count
+        place = torch.where(finish, count.view(-1, 1) + finish.long().cumsum(1) - 1, self.t.shape[1] - 1)  # (B', W)
+        image = active.view(-1, 1).expand_as(place)
+        self.t.index_put_((image, place), torch.zeros_like(place) + t)  # t: a step number, or a tensor holding it
+        self.row.index_put_((image, place), rows)
+        self.logprob.index_put_((image, place), logprobs)
+        count = count + finish.sum(1)
+        self.count[active] = count
+        return count
+
+
 @dataclass
 class _Last:
     """Where the search stopped: the images still decoding (row order), their live scores and whether the
@@ -141,8 +160,9 @@ def beam_search(
     ``inputs``: images (B, 3, H, W) or ``Annotations`` (B, L, D). Returns per image its ``beam_size``
     hypotheses, best first: finished ones by length-normalised score, then, if the length cap was hit
     before K finished, the best unfinished ones. Runs on the model's device in ``cfg.precision``
-    (autocast is entered once for the whole decode). An image leaves the batch as soon as it is done,
-    so the others run on fewer rows; the first step runs one row per image, and never ends the caption
+    (autocast is entered once for the whole decode). On a CPU an image leaves the batch as soon as it is
+    done, so the others run on fewer rows (on a GPU its rows stay, masked: ``_fixed_rows``); the first
+    step runs one row per image, and never ends the caption
     (``suppressed``). In bf16, finished hypotheses within ``cfg.fp32_ties`` of the best are scored again
     in fp32 and ranked by it.
 
@@ -273,37 +293,29 @@ def _select(cand, row_words, K, end_id, t, ends, active):
 
     ``cand`` (N, T): each row's candidates' scores, ``row_words`` (N, T) their words; rows come k per image
     (1 at t = 0, then K), row j of image b being b·k + j. Only an <end> among an image's K best candidates is
-    finished, so beam 1 is exactly greedy. Records the finished ones in ``ends`` (images ``active``) and
-    updates ``ends.done``; returns the new rows' parents (B'·K,), words (B'·K,) and scores (B', K): −inf in
-    slots left empty and for every image that is done (its rows then stay inert where they are kept).
-    """
+    finished, so beam 1 is exactly greedy. Records the finished ones in ``ends`` (images ``active``; the step
+    ``t`` may be a tensor, as in a step replayed from a CUDA graph) and updates ``ends.done``. Returns the new
+    rows' parents (B'·K,), words (B'·K,) and scores (B', K): −inf in slots left empty and for every image
+    that is done (its rows then stay inert where they are kept)."""
     n_images, width = active.shape[0], cand.shape[1]
     k = cand.shape[0] // n_images
-    cand = cand.view(n_images, k * width)  # (B', k·T)
-    top_scores, top_pos = cand.topk(min(2 * K, k * width), dim=1)  # (B', W): room for the <end>s among K
+    top_scores, top_pos = cand.view(n_images, k * width).topk(min(2 * K, k * width), dim=1)  # (B', W)
+    top_words = row_words.reshape(n_images, k * width).gather(1, top_pos)  # (B', W)
     first = k * torch.arange(n_images, device=cand.device).view(-1, 1)  # (B', 1) each image's first row
     top_rows = top_pos // width + first  # (B', W)
-    top_words = row_words.view(-1)[top_rows * width + top_pos % width]  # (B', W)
     valid = top_scores > -float("inf")  # (B', W) sorted: once −inf, −inf to the end
     is_end = top_words == end_id
-    rank = torch.arange(top_scores.shape[1], device=cand.device)  # (W,)
-    finish = valid & is_end & (rank < K)  # (B', W)
+    finish = valid & is_end  # (B', W)
+    finish[:, K:] = False  # only an <end> among the K best
     going = valid & ~is_end
-    slot = going.long().cumsum(1) - 1  # (B', W) each going candidate's place among the image's kept ones
+    slot = going.cumsum(1) - 1  # (B', W) each going candidate's place among the image's kept ones
     slot = torch.where(going & (slot < K), slot, K)  # column K: not kept
     rows = first.expand(n_images, K + 1).clone().scatter_(1, slot, top_rows)[:, :K]  # dead: the first row
     words = torch.full((n_images, K + 1), end_id, device=cand.device).scatter_(1, slot, top_words)[:, :K]
     scores = torch.full((n_images, K + 1), -float("inf"), device=cand.device).scatter_(1, slot, top_scores)
     scores = scores[:, :K]  # (B', K)
-    count = ends.count[active]  # (B',)
-    place = torch.where(finish, count.view(-1, 1) + finish.long().cumsum(1) - 1, 2 * K)  # (B', W)
-    image = active.view(-1, 1).expand_as(place)
-    ends.t.index_put_((image, place), torch.zeros_like(place) + t)  # t: a step number, or a tensor holding it
-    ends.row.index_put_((image, place), top_rows)
-    ends.logprob.index_put_((image, place), top_scores)
-    count = count + finish.sum(1)
+    count = ends.record(finish, top_rows, top_scores, t, active)  # (B',)
     done = _search_over(count, scores[:, 0], K)  # (B',)
-    ends.count[active] = count
     ends.done[active] = done
     return rows.reshape(-1), words.reshape(-1), scores.masked_fill(done.view(-1, 1), -float("inf"))
 
