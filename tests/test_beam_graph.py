@@ -88,11 +88,11 @@ def replayed_decode(model, feats: Annotations, vocab, cfg: DecodeConfig, capture
     return beam._results(ends, trace, last, vocab, feats.grid, cfg)
 
 
-def _same(replayed, searched) -> None:
+def _same(replayed, searched, tolerance: float = 1e-5) -> None:
     for a, b in zip(replayed, searched):
         assert [h.tokens for h in a] == [h.tokens for h in b]
         assert [h.finished for h in a] == [h.finished for h in b]
-        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=tolerance)
 
 
 @pytest.mark.parametrize("length_norm", [0.0, 1.0])
@@ -114,5 +114,5 @@ def test_a_cuda_graph_of_one_step_serves_the_whole_decode(beam_size):
         cfg = DecodeConfig(beam_size=beam_size, max_len=ref.MAX_LEN, length_norm=length_norm, precision="fp32")
         searched = beam_search(model, feats, vocab, cfg)
         _same(replayed_decode(model, feats, vocab, cfg, cuda_graph), searched)
-        _same(searched, beam_search(model.cpu(), cpu, vocab, cfg))  # the GPU's search is the CPU's
+        _same(searched, beam_search(model.cpu(), cpu, vocab, cfg), 1e-4)  # the GPU's search is the CPU's
         model.cuda()

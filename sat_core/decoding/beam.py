@@ -77,14 +77,14 @@ class _Ends:
         return cls(zeros(torch.long), zeros(torch.long), zeros(torch.float32),
                    torch.zeros(B, dtype=torch.long, device=device), torch.zeros(B, dtype=torch.bool, device=device))
 
-
     def record(self, finish: torch.Tensor, rows: torch.Tensor, logprobs: torch.Tensor, t, active: torch.Tensor
                ) -> torch.Tensor:
         """Take the candidates ``finish`` marks (B', W) of images ``active`` (B',); their new counts (B',)."""
         count = self.count[active]  # (B',)
         if finish.device.type == "cpu" and not bool(finish.any()):  # most steps; asking costs nothing on a CPU
             return count
-        place = torch.where(finish, count.view(-1, 1) + finish.long().cumsum(1) - 1, self.t.shape[1] - 1)  # (B', W)
+        place = count.view(-1, 1) + finish.cumsum(1) - 1  # (B', W) each <end>'s slot
+        place = torch.where(finish, place, self.t.shape[1] - 1)  # the last column takes the rest
         image = active.view(-1, 1).expand_as(place)
         self.t.index_put_((image, place), torch.zeros_like(place) + t)  # t: a step number, or a tensor holding it
         self.row.index_put_((image, place), rows)
