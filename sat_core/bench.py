@@ -149,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline-tree", default="",
                    help="startup: run the in-RAM cases with the code of this checkout (from before the cache)")
     p.add_argument("--rows", type=int, default=4000, help="formats: images (rows of 3 × 224 × 224) written")
+    p.add_argument("--paths", default="ram,disk", help="startup: ram, disk or both (ram,disk)")
+    p.add_argument("--cases", default="first run,resume,2-rank run",
+                   help="startup: which of 'first run', 'resume', '2-rank run' (a resume or 2-rank case alone reuses "
+                        "the first run's folder and cache in --work)")
     return p
 
 

@@ -88,7 +88,8 @@ def _row(path: str, case: str, figures: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_startup(config: dict[str, Any], work: Path, *, tree: Path, baseline: Path | None = None,
-                ranks: int = 2) -> list[dict[str, Any]]:
+                ranks: int = 2, paths: tuple[str, ...] = ("ram", "disk"),
+                cases: tuple[str, ...] = CASES) -> list[dict[str, Any]]:
     """The three cases with the images in RAM (no --cache; with ``baseline``'s code when given: the checkout from
     before the cache) and with the on-disk cache (--cache WORK/cache, written by the first run), in that order.
     ``config``: TrainConfig fields."""
@@ -96,17 +97,22 @@ def run_startup(config: dict[str, Any], work: Path, *, tree: Path, baseline: Pat
     log = work / "startup.log"
     plans = [(f"in RAM ({baseline.name})" if baseline else "in RAM", baseline or tree, "ram"),
              ("on-disk cache", tree, "disk")]
+    plans = [plan for plan in plans if plan[2] in paths]
     rows = []
     for label, code, path in plans:
         name = label.replace(" ", "_").replace("/", "_").strip("()_")[:40]
         runs = work / name
-        shutil.rmtree(runs, ignore_errors=True)
+        if "first run" in cases:
+            shutil.rmtree(runs, ignore_errors=True)
+        else:
+            shutil.rmtree(runs / "ddp", ignore_errors=True)
         data = dict(config["data"])  # no cache field on the in-RAM path: a checkout from before it has none
         if path == "disk":
             data["cache"] = str(work / "cache")
-            shutil.rmtree(work / "cache", ignore_errors=True)  # the first run writes it
+            if "first run" in cases:
+                shutil.rmtree(work / "cache", ignore_errors=True)  # the first run writes it
         first = dict(config, data=data, out=str(runs / "first"))
-        for case in CASES:
+        for case in [c for c in CASES if c in cases]:
             cfg = dict(first, out=str(runs / "ddp")) if case == "2-rank run" else first
             resume = first["out"] if case == "resume" else ""
             print(f"startup: {label}, {case}…", file=sys.stderr, flush=True)
@@ -163,7 +169,8 @@ def run_io(args: Any) -> dict[str, Any]:
     config = bench_config(Path(args.preset), args.data, args.images)
     tree = Path(__file__).resolve().parents[2]
     rows = run_startup(config, work / "startup", tree=tree,
-                       baseline=Path(args.baseline_tree).resolve() if args.baseline_tree else None)
+                       baseline=Path(args.baseline_tree).resolve() if args.baseline_tree else None,
+                       paths=tuple(args.paths.split(",")), cases=tuple(args.cases.split(",")))
     print(f"{args.data}, preset {Path(args.preset).name}; start-up until the first training step\n"
           + table(rows, STARTUP_COLUMNS))
     return {"startup": rows}
