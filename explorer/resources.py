@@ -20,8 +20,11 @@ import streamlit as st
 from sat_core.checkpoint import CARD_FILE, CONFIG_FILE, LoadedCheckpoint, load_checkpoint
 from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.data.karpathy import ImageRecord, KarpathyData, load_karpathy
-from sat_core.decoding import Hypothesis, Intervention, beam_search, sample_locations, score_caption
-from sat_core.evaluation.domain import DomainCheck, DomainReference, mean_annotations
+from sat_core.decoding import (
+    Hypothesis, Intervention, beam_search, encode_images, sample_locations, score_caption,
+)
+from sat_core.evaluation.domain import DomainCheck, DomainReference
+from sat_core.models.encoder import Annotations
 from sat_core.errors import DatasetError, SatError
 from sat_core.evaluation.evaluate import read_records
 from sat_core.data.images import CropInfo, crop_for_display, load_image, preprocess
@@ -237,18 +240,28 @@ def domain_check(key: str, ckpt: str, source: DataSource, _loaded: LoadedCheckpo
 
     reference = domain_reference(_loaded, source)
     annotation = None
-    if reference.annotations is not None and _tensor is not None:
-        annotation = mean_annotations(_loaded.model, _tensor[None])[0]
-    return reference.check(Image.fromarray(_original), annotation)
+    if reference.annotations is not None and _tensor is not None:  # as domain.mean_annotations computes it
+        annotation = annotations(ckpt, key, _loaded, _tensor).feats.float().mean(1)[0].cpu().numpy()
+    return reference.check(Image.fromarray(_original), annotation.astype(np.float64) if annotation is not None
+                           else None)
 
 
 # ---- decoding results -----------------------------------------------------------------------------
+
+@st.cache_resource(max_entries=128, ttl=3600, show_spinner=False)
+def annotations(ckpt: str, image_key: str, _loaded: LoadedCheckpoint, _tensor: Any) -> Annotations:
+    """The encoder's annotations (1, L, D) of one image, computed once per checkpoint and image for every page,
+    decode, read-back and step-through session of every browser session. The encoder runs in fp32 whatever the
+    decoding precision (``Captioner.encode``), so sharing them changes no number; nothing writes to them."""
+    return encode_images(_loaded.model, _tensor.unsqueeze(0))
+
 
 @st.cache_data(max_entries=256, ttl=3600, show_spinner="Decoding…")
 def decode(ckpt: str, image_key: str, cfg: DecodeConfig, region_key: str, _loaded: LoadedCheckpoint,
            _tensor: Any, _intervention: Intervention | None = None) -> list[Hypothesis]:
     """The beam's hypotheses for one image (best first); ``region_key`` names the intervention."""
-    return beam_search(_loaded.model, _tensor.unsqueeze(0), _loaded.vocab, cfg, intervention=_intervention)[0]
+    return beam_search(_loaded.model, annotations(ckpt, image_key, _loaded, _tensor), _loaded.vocab, cfg,
+                       intervention=_intervention)[0]
 
 
 @st.cache_data(max_entries=64, ttl=3600, show_spinner="Scoring…")
@@ -256,15 +269,16 @@ def score(ckpt: str, image_key: str, caption: str | tuple[int, ...], _loaded: Lo
           region_key: str = "", _intervention: Intervention | None = None):
     """Teacher forcing of ``caption`` (text, or token ids) in ``NUMBERS_PRECISION``; ``region_key`` names the
     intervention (if any)."""
-    return score_caption(_loaded.model, _loaded.vocab, _tensor, caption, intervention=_intervention,
-                         precision=NUMBERS_PRECISION)
+    return score_caption(_loaded.model, _loaded.vocab, annotations(ckpt, image_key, _loaded, _tensor), caption,
+                         intervention=_intervention, precision=NUMBERS_PRECISION)
 
 
 @st.cache_data(max_entries=32, ttl=3600, show_spinner="Sampling locations…")
 def caption_samples(ckpt: str, image_key: str, caption: str, n: int, seed: int, _loaded: LoadedCheckpoint,
                     _tensor: Any):
     """N seeded hard-attention location sequences along ``caption``."""
-    return sample_locations(_loaded.model, _loaded.vocab, _tensor, caption, n, seed=seed)
+    return sample_locations(_loaded.model, _loaded.vocab, annotations(ckpt, image_key, _loaded, _tensor), caption, n,
+                            seed=seed)
 
 
 def _records_cache(ckpt: str, source: DataSource, cfg: DecodeConfig) -> Path:

@@ -56,8 +56,8 @@ def current_session(ctx: Context) -> tuple[DecodeSession, str | None]:
                 notice(f"Back to step 1: the {what} changed, so the old steps no longer apply.")
             reset()  # another image or model: start again at the first word
         cfg = dataclasses.replace(ctx.decode, beam_size=1, precision=res.NUMBERS_PRECISION)  # the pages' numbers
-        store.update(key=key, session=DecodeSession(ctx.loaded.model, ctx.loaded.vocab, ctx.image.tensor, cfg,
-                                                    top_k=TOP_K))
+        feats = res.annotations(ctx.ckpt_key, ctx.image.key, ctx.loaded, ctx.image.tensor)
+        store.update(key=key, session=DecodeSession(ctx.loaded.model, ctx.loaded.vocab, feats, cfg, top_k=TOP_K))
     session: DecodeSession = store["session"]
     error = None
     n = max(1, int(st.session_state.get(STEP) or 1))

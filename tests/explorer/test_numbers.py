@@ -104,3 +104,31 @@ def test_error_analysis_names_corpus_and_per_image_figures(explorer_env):
     n = len(at.dataframe[0].value)
     assert any(m.value.startswith(f"**Corpus figures, all {n} images**") for m in at.markdown)
     assert any(h.value == "Metrics per slice: means of per-image scores" for h in at.subheader)
+
+
+def test_the_encoder_runs_once_per_image_for_every_page_and_session(explorer_env, monkeypatch):
+    """The caption, the beam's read-backs, the out-of-domain check and a step-through session all read one set of
+    annotations: a new upload costs one encoder pass however many pages and sessions look at it."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from sat_core.models.captioner import Captioner
+
+    calls = []
+    encode = Captioner.encode
+    monkeypatch.setattr(Captioner, "encode", lambda self, images: calls.append(len(images)) or encode(self, images))
+    pixels = np.random.default_rng(len(calls) + 7).integers(0, 255, (96, 96, 3), dtype=np.uint8)  # an image no
+    buffer = io.BytesIO()                                                                            # test has used
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    upload = ("noise.png", buffer.getvalue(), "image/png")
+    at = open_page("caption", {"ckpt": "tiny-soft", "source": "Upload"})
+    at.file_uploader[0].set_value(upload).run()
+    assert not at.exception and any(m.value.startswith("**Caption:**") for m in at.markdown)
+    assert len(at.dataframe[0].value) > 1 and calls == [1]  # several hypotheses read back, one pass
+    at.switch_page("views/step.py").run()
+    assert not at.exception and at.metric and calls == [1]
+    other = open_page("caption", {"ckpt": "tiny-soft", "source": "Upload"})  # another browser session
+    other.file_uploader[0].set_value(upload).run()
+    assert not other.exception and calls == [1]
