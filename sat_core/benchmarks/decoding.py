@@ -160,7 +160,7 @@ def run_decode(devices: list[torch.device], *, quick: bool = False, precision: s
         models = [random_model(QUICK, max(batches))]
     else:
         models = ([shipped_model(64)] if which in ("all", "shipped") else []) + \
-                 ([random_model(COCO, max(batches + large))] if which in ("all", "coco") else [])
+                 ([random_model(COCO, max((*batches, *large)))] if which in ("all", "coco") else [])
     rows, serial = [], []
     for device, p in cases(devices, precision):
         for dm in models:
