@@ -13,17 +13,15 @@ best/ until a better one. ``--resume RUN_DIR`` continues a run where its last/ s
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from sat_core import cli
-from sat_core.allocator import keep_freed_memory
 from sat_core.config import TrainConfig
 from sat_core.errors import SatError
 from sat_core.training.checks import check_config, check_resume
 from sat_core.training.scst import SCSTConfig, SelfCritical, read_scst_config, starting_config
-from sat_core.training.trainer import Interrupted
+from sat_core.train import read_json, run_trainer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,7 +43,7 @@ def parse_config(argv: list[str] | None) -> tuple[TrainConfig, SCSTConfig, str |
         raise SatError("--resume continues a run and --overwrite starts one afresh: give one of them.")
     flags = cli.given(args, TrainConfig())
     if args.resume:
-        saved = TrainConfig.from_dict(_read_json(Path(args.resume) / "train_config.json"))
+        saved = TrainConfig.from_dict(read_json(Path(args.resume) / "train_config.json", "--resume"))
         scst = read_scst_config(args.resume)
         cfg = TrainConfig.from_dict(cli.apply(saved.to_dict(), flags))
         check_resume(saved, cfg)
@@ -63,16 +61,8 @@ def parse_config(argv: list[str] | None) -> tuple[TrainConfig, SCSTConfig, str |
     return cfg, scst, args.resume, args.overwrite
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SatError(f"--resume: {path} does not exist; give the folder of a self-critical run.") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SatError(f"--resume: {path} is not a readable JSON file ({exc}).") from None
-
-
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes as ``python -m sat_core.train``'s: 0 done, 2 refused or failed, 130 interrupted."""
     try:
         cfg, scst, resume, overwrite = parse_config(argv)
     except SystemExit as exc:  # argparse printed --help (0) or what is wrong with a flag (2)
@@ -80,20 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     except SatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    keep_freed_memory()
-    try:
-        trainer = SelfCritical(cfg, scst, resume, overwrite=overwrite)
-        result = trainer.run()
-    except Interrupted:
-        print(f"Interrupted: saved a resumable checkpoint to {trainer.run_dir / 'last'}. "
-              f"Continue with: python -m sat_core.scst --resume {trainer.run_dir}", file=sys.stderr)
-        return 130
-    except SatError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if trainer.main_process:
-        print(json.dumps(result))
-    return 0
+    return run_trainer(lambda: SelfCritical(cfg, scst, resume, overwrite=overwrite), Path(resume or cfg.out),
+                       "sat_core.scst")
 
 
 if __name__ == "__main__":

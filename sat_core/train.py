@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,9 @@ def parse_run(argv: list[str] | None) -> tuple[TrainConfig, str | None, bool]:
         raise SatError("--resume continues a run and --overwrite starts one afresh: give one of them.")
     values: dict[str, Any] = {}
     if args.resume:
-        values = _read_json(Path(args.resume) / "train_config.json", "--resume")
+        values = read_json(Path(args.resume) / "train_config.json", "--resume")
     elif args.config:
-        values = _read_json(Path(args.config), "--config")
+        values = read_json(Path(args.config), "--config")
     saved = TrainConfig.from_dict(values)  # flat (older) files become nested first
     cfg = TrainConfig.from_dict(cli.apply(saved.to_dict(), cli.given(args, TrainConfig())))
     if not args.resume and (not cfg.data.dataset or not cfg.data.images):
@@ -69,7 +70,7 @@ def parse_run(argv: list[str] | None) -> tuple[TrainConfig, str | None, bool]:
     return cfg, args.resume, args.overwrite
 
 
-def _read_json(path: Path, flag: str) -> dict[str, Any]:
+def read_json(path: Path, flag: str) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -89,13 +90,19 @@ def main(argv: list[str] | None = None) -> int:
     except SatError as exc:
         _say(f"error: {exc}", first)
         return 2
+    return run_trainer(lambda: Trainer(cfg, resume, overwrite=overwrite), Path(resume or cfg.out))
+
+
+def run_trainer(start: Callable[[], Trainer], run_dir: Path, module: str = "sat_core.train") -> int:
+    """Build the trainer with ``start`` and run it, as ``python -m module`` does: the result as JSON, or one
+    message (from the first process) with exit code 2 (refused, failed) or 130 (interrupted)."""
+    first = distributed.rank() == 0
     keep_freed_memory()
-    run_dir = Path(resume or cfg.out)
     try:
-        result = Trainer(cfg, resume, overwrite=overwrite).run()
+        result = start().run()
     except Interrupted:
         _say(f"Interrupted: saved a resumable checkpoint to {run_dir / 'last'}. "
-             f"Continue with: {distributed.resume_hint(run_dir)}", first)
+             f"Continue with: {distributed.resume_hint(run_dir, module)}", first)
         return 130
     except KeyboardInterrupt:  # Ctrl-C while reading the data, before the first step: nothing to save
         _say(f"Interrupted while setting up, before the first step: {run_dir} is as it was.", first)

@@ -30,21 +30,21 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", 1))
 
 
-def launch_command() -> str:
+def launch_command(module: str = "sat_core.train") -> str:
     """How this run was started, as the command that would start it again: ``torchrun …`` under torchrun."""
     world = world_size()
     if world == 1:
-        return "python -m sat_core.train"
+        return f"python -m {module}"
     if "TORCHELASTIC_RUN_ID" not in os.environ:  # another launcher (mpirun, a scheduler) set RANK/WORLD_SIZE
-        return f"the launcher of this run ({world} processes) with -m sat_core.train"
+        return f"the launcher of this run ({world} processes) with -m {module}"
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     nodes = max(1, world // max(per_node, 1))
     return ("torchrun " + (f"--nnodes {nodes} " if nodes > 1 else "") +
-            f"--nproc_per_node {per_node} -m sat_core.train")
+            f"--nproc_per_node {per_node} -m {module}")
 
 
-def resume_hint(run_dir: Path) -> str:
-    return f"{launch_command()} --resume {run_dir}"
+def resume_hint(run_dir: Path, module: str = "sat_core.train") -> str:
+    return f"{launch_command(module)} --resume {run_dir}"
 
 
 def per_rank_batch(batch_size: int, world: int) -> int:
