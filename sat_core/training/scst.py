@@ -221,15 +221,10 @@ class SelfCritical(Trainer):
             self._log({"event": "start", "epoch": 0, "val": val, "init": self.scst.init})
             self._save_model(self.run_dir / "best", metrics={f"val_{k}": v for k, v in val.items()})
 
-    def _log(self, record: dict[str, Any]) -> None:
+    def _console_line(self, record: dict[str, Any]) -> str:
         if "reward" not in record and record.get("event") != "start":
-            super()._log(record)
-            return
-        if not self.main_process:
-            return
-        with open(self.run_dir / "log.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-        print(_console_line(record, getattr(self, "samples", [])), flush=True)
+            return super()._console_line(record)
+        return _console_line(record, getattr(self, "samples", []))
 
 
 def _console_line(record: dict[str, Any], samples: list[tuple[str, str]]) -> str:

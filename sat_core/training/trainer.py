@@ -567,8 +567,10 @@ class Trainer:
             return
         with open(self.run_dir / "log.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
-        print(console_line(record, self.cfg, getattr(self, "samples", []), [t.name for t in self.extra_terms]),
-              flush=True)
+        print(self._console_line(record), flush=True)
+
+    def _console_line(self, record: dict[str, Any]) -> str:
+        return console_line(record, self.cfg, getattr(self, "samples", []), [t.name for t in self.extra_terms])
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         """Turn SIGINT/SIGTERM into a flag checked after each step; returns the handlers replaced."""
