@@ -275,6 +275,10 @@ class DecodeConfig(Config):
     precision: str = option("auto", "auto | fp32 | bf16; auto: bf16 on CUDA, on CPUs with AMX and on AMD CPUs with "
                             "AVX512-BF16 (where bf16 runs faster than fp32)",
                             choices=("auto", "fp32", "bf16"))
+    graph: str = option("auto", "beam search's steps after the first as one step over static buffers, captured as a "
+                        "CUDA graph and replayed (the same hypotheses as step by step); auto: on a GPU; on: everywhere "
+                        "(on a CPU the step is called, not captured); off: step by step. Interventions and sampling "
+                        "always run step by step", choices=("auto", "on", "off"))
 
 
 # ---- training ------------------------------------------------------------------------------------

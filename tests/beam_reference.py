@@ -91,11 +91,13 @@ def case_name(case: dict[str, Any]) -> str:
     return "-".join(f"{k}={v}" for k, v in case.items())
 
 
-def run_case(case: dict[str, Any], models: dict[str, tuple], feats: Annotations | None = None) -> list[list]:
-    """beam_search on the case's model and annotations (or ``feats``), as the hypotheses it returned."""
+def run_case(case: dict[str, Any], models: dict[str, tuple], feats: Annotations | None = None,
+             graph: str = "auto") -> list[list]:
+    """beam_search on the case's model and annotations (or ``feats``), as the hypotheses it returned;
+    ``graph``: ``DecodeConfig.graph``."""
     model, vocab, annotations = models[case["model"]]
     fields = {k: case[k] for k in ("beam_size", "length_norm", "hard_mode", "seed") if k in case}
-    cfg = DecodeConfig(max_len=MAX_LEN, precision="fp32", **fields)
+    cfg = DecodeConfig(max_len=MAX_LEN, precision="fp32", graph=graph, **fields)
     kwargs: dict[str, Any] = {}
     if case.get("intervention"):
         region = np.zeros(GRID, dtype=bool)

@@ -110,3 +110,18 @@ def test_fixed_rows_equal_leaving_rows_in_bf16(models, fixed_rows, monkeypatch, 
     for a, b in zip(fixed, leaving):
         assert [h.tokens for h in a] == [h.tokens for h in b]
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+
+
+@pytest.mark.parametrize("case", SEARCHED, ids=_ids)
+def test_steps_replayed_over_static_buffers_give_the_recorded_results(models, case):
+    """``graph="on"``: steps 1… as one function over static buffers (a GPU replays it as a CUDA graph), batched
+    and one image at a time."""
+    if case["model"] not in models:
+        pytest.skip("checkpoints/shapes_soft is not shipped")
+    feats = models[case["model"]][2]
+    recorded = RECORDED[ref.case_name(case)]
+    for i, (hyps, rec) in enumerate(zip(ref.run_case(case, models, graph="on"), recorded)):
+        _check(hyps, rec, f"image {i}, replayed")
+    for i, rec in enumerate(recorded[:2]):
+        alone = ref.run_case(case, models, Annotations(feats.feats[i : i + 1], feats.grid), graph="on")
+        _check(alone[0], rec, f"image {i} alone, replayed")

@@ -3,19 +3,22 @@
 B images × K beams run as one (B·K)-row tensor. The bookkeeping stays on the device: each image's top K of its
 K·V candidates, its finished hypotheses and whether its search is over are tensors, and the host sees them once,
 when decoding ends. On a CPU an image leaves the batch as soon as its search is over; on a GPU it keeps its rows,
-masked, so that every step after the first has one row count (what a CUDA graph needs).
+masked, so that every step after the first has one row count: there those steps run as one step over static
+buffers (``graph``), captured once as a CUDA graph and replayed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from sat_core.config import DecodeConfig
 from sat_core.data.vocab import Vocab
+from sat_core.decoding import graph
+from sat_core.decoding.bookkeeping import Ends, Last, Trace, select
 from sat_core.decoding.scoring import forced_steps
 from sat_core.decoding.steps import (
     Inputs, Intervention, as_batch, draw_words, encode, sample_mask, suppressed, top_log_probs,
@@ -44,64 +47,6 @@ class Hypothesis:
 
     def alpha_grids(self) -> np.ndarray:
         return self.alphas.reshape(len(self.alphas), *self.grid)  # (T, gh, gw)
-
-
-@dataclass
-class _Trace:
-    """Per-step tensors and back-pointers, left on the device until decoding ends."""
-
-    alphas: list[torch.Tensor] = field(default_factory=list)  # per step (N_t, L)
-    betas: list[torch.Tensor] = field(default_factory=list)  # per step (N_t,)
-    locations: list[torch.Tensor] = field(default_factory=list)  # per step (N_t,)
-    parents: list[torch.Tensor] = field(default_factory=list)  # per step (N_t+1,): row at step t of row i at t+1
-    words: list[torch.Tensor] = field(default_factory=list)  # per step (N_t+1,): word row i at t+1 was fed
-
-
-@dataclass
-class _Ends:
-    """Each image's hypotheses that ended inside its beam, as tensors: slot j of image b is the j-th <end> it
-    found, in the order found (the order ties keep when ranked). Column 2K takes the writes of no <end>.
-
-    At most 2K − 1 are ever needed: an image has fewer than K before a step (else it is done), and a step
-    finishes at most K (only <end>s among its K best candidates)."""
-
-    t: torch.Tensor  # (B, 2K+1) the step that produced the <end>
-    row: torch.Tensor  # (B, 2K+1) the row at step t it followed
-    logprob: torch.Tensor  # (B, 2K+1) fp32
-    count: torch.Tensor  # (B,) slots used
-    done: torch.Tensor  # (B,) bool: no live hypothesis can still win a place (``_search_over``)
-
-    @classmethod
-    def empty(cls, B: int, K: int, device: torch.device) -> "_Ends":
-        zeros = lambda dtype: torch.zeros(B, 2 * K + 1, dtype=dtype, device=device)  # noqa: E731
-        return cls(zeros(torch.long), zeros(torch.long), zeros(torch.float32),
-                   torch.zeros(B, dtype=torch.long, device=device), torch.zeros(B, dtype=torch.bool, device=device))
-
-    def record(self, finish: torch.Tensor, rows: torch.Tensor, logprobs: torch.Tensor, t, active: torch.Tensor
-               ) -> torch.Tensor:
-        """Take the candidates ``finish`` marks (B', W) of images ``active`` (B',); their new counts (B',)."""
-        count = self.count[active]  # (B',)
-        if finish.device.type == "cpu" and not bool(finish.any()):  # most steps; asking costs nothing on a CPU
-            return count
-        place = count.view(-1, 1) + finish.cumsum(1) - 1  # (B', W) each <end>'s slot
-        place = torch.where(finish, place, self.t.shape[1] - 1)  # the last column takes the rest
-        image = active.view(-1, 1).expand_as(place)
-        self.t.index_put_((image, place), torch.zeros_like(place) + t)  # t: a step number, or a tensor holding it
-        self.row.index_put_((image, place), rows)
-        self.logprob.index_put_((image, place), logprobs)
-        count = count + finish.sum(1)
-        self.count[active] = count
-        return count
-
-
-@dataclass
-class _Last:
-    """Where the search stopped: the images still decoding (row order), their live scores and whether the
-    length cap was reached (their live beams then become unfinished hypotheses)."""
-
-    active: torch.Tensor  # (B',) image ids
-    scores: torch.Tensor  # (B', K)
-    at_cap: bool
 
 
 def _to_host(tensors: list[torch.Tensor]) -> list[np.ndarray]:
@@ -260,7 +205,7 @@ def _search(model, feats, device, vocab, cfg, intervention, generator, sample_wo
     # An image's best candidates are among each row's as many best words (a row's score is a constant);
     # sampling offers one candidate per row: the word it drew.
     n_top = 1 if sample_words else min(2 * K, V)
-    trace, ends = _Trace(), _Ends.empty(B, K, device)
+    trace, ends = Trace(), Ends.empty(B, K, device)
     for t in range(cfg.max_len):
         edit = intervention.editor(t, device) if intervention is not None else None
         sample = sample_mask(model, cfg, tokens.shape[0], device)
@@ -272,7 +217,7 @@ def _search(model, feats, device, vocab, cfg, intervention, generator, sample_wo
             row_words, logp = draw_words(out, banned[min(t, 1)], generator)  # (N, 1), (N, 1)
         else:
             row_words, logp = top_log_probs(model, out, banned[min(t, 1)], n_top)  # (N, T), (N, T)
-        rows, words, scores = _select(logp + scores.view(-1, 1), row_words, K, vocab.end_id, t, ends, active)
+        rows, words, scores = select(logp + scores.view(-1, 1), row_words, K, vocab.end_id, t, ends, active)
         live = ~ends.done[active]  # (B',)
         n_live = int(live.sum())  # the step's one synchronisation
         if n_live == 0:
@@ -285,54 +230,54 @@ def _search(model, feats, device, vocab, cfg, intervention, generator, sample_wo
         trace.words.append(words)
         h, c = out.h[rows], out.c[rows]  # (B'·K, n)
         tokens = words
-    return ends, trace, _Last(active, scores, at_cap=t == cfg.max_len - 1 and n_live > 0)
+        if t == 0 and cfg.max_len > 1 and _replayed(model, cfg, device, intervention, generator):
+            return _replay(model, prep, tokens, h, c, scores, ends, trace, cfg, suppressed(vocab, cfg, 1), n_top,
+                           vocab.end_id)
+    return ends, trace, Last(active, scores, at_cap=t == cfg.max_len - 1 and n_live > 0)
 
 
-def _select(cand, row_words, K, end_id, t, ends, active):
-    """Beam bookkeeping for one step, as tensors: finish <end> candidates ranked in the top K, keep K others.
-
-    ``cand`` (N, T): each row's candidates' scores, ``row_words`` (N, T) their words; rows come k per image
-    (1 at t = 0, then K), row j of image b being b·k + j. Only an <end> among an image's K best candidates is
-    finished, so beam 1 is exactly greedy. Records the finished ones in ``ends`` (images ``active``; the step
-    ``t`` may be a tensor, as in a step replayed from a CUDA graph) and updates ``ends.done``. Returns the new
-    rows' parents (B'·K,), words (B'·K,) and scores (B', K): −inf in slots left empty and for every image
-    that is done (its rows then stay inert where they are kept)."""
-    n_images, width = active.shape[0], cand.shape[1]
-    k = cand.shape[0] // n_images
-    top_scores, top_pos = cand.view(n_images, k * width).topk(min(2 * K, k * width), dim=1)  # (B', W)
-    top_words = row_words.reshape(n_images, k * width).gather(1, top_pos)  # (B', W)
-    first = k * torch.arange(n_images, device=cand.device).view(-1, 1)  # (B', 1) each image's first row
-    top_rows = top_pos // width + first  # (B', W)
-    valid = top_scores > -float("inf")  # (B', W) sorted: once −inf, −inf to the end
-    is_end = top_words == end_id
-    finish = valid & is_end  # (B', W)
-    finish[:, K:] = False  # only an <end> among the K best
-    going = valid & ~is_end
-    slot = going.cumsum(1) - 1  # (B', W) each going candidate's place among the image's kept ones
-    slot = torch.where(going & (slot < K), slot, K)  # column K: not kept
-    rows = first.expand(n_images, K + 1).clone().scatter_(1, slot, top_rows)[:, :K]  # dead: the first row
-    words = torch.full((n_images, K + 1), end_id, device=cand.device).scatter_(1, slot, top_words)[:, :K]
-    scores = torch.full((n_images, K + 1), -float("inf"), device=cand.device).scatter_(1, slot, top_scores)
-    scores = scores[:, :K]  # (B', K)
-    count = ends.record(finish, top_rows, top_scores, t, active)  # (B',)
-    done = _search_over(count, scores[:, 0], K)  # (B',)
-    ends.done[active] = done
-    return rows.reshape(-1), words.reshape(-1), scores.masked_fill(done.view(-1, 1), -float("inf"))
+def _replayed(model: Captioner, cfg: DecodeConfig, device: torch.device, intervention, generator) -> bool:
+    """Whether steps 1… run as one step over static buffers (``graph``): ``cfg.graph`` "auto" on a GPU, "on"
+    everywhere; never with an intervention or random draws (hard attention's sampled locations, sampled words),
+    which the step-by-step loop serves."""
+    if cfg.graph == "off" or intervention is not None or generator is not None:
+        return False
+    return cfg.graph == "on" or device.type == "cuda"
 
 
-def _search_over(finished: torch.Tensor, best_live: torch.Tensor, K: int) -> torch.Tensor:
-    """True (per image) when no live hypothesis can still win a place among the image's K results.
+def _replay(model, prep, tokens, h, c, scores, ends, trace, cfg, banned, n_top, end_id):
+    """Steps 1… of the search as ``graph.StaticSteps``: on a GPU each is one replay of a captured CUDA graph.
+    One synchronisation a step, as in the loop; the results are copied out of the static buffers before the
+    next decode may reuse them."""
+    B, K, device = scores.shape[0], cfg.beam_size, scores.device
+    key = (B, K, tuple(prep.feats.shape), prep.feats.dtype, tuple(prep.proj.shape), h.shape[1], cfg.max_len, n_top,
+           end_id, tuple(banned), cfg.precision)
 
-    The results are the first K hypotheses to end inside the beam (an <end> among the image's K
-    best candidates), ranked by length-normalised score; while fewer have ended, live ones fill the
-    remaining places. So a live hypothesis can win only while fewer than K have finished and one is
-    alive. The rule does not depend on ``length_norm``: beam 1 is greedy for every normalisation
-    (a bound on future scores would let a normalised search run on past greedy's <end>).
-    """
-    return (finished >= K) | (best_live == -float("inf"))
+    def build() -> graph.StaticSteps:
+        return graph.StaticSteps(model, prep, B, K, h.shape[1], cfg.max_len, torch.tensor(banned, device=device),
+                                 n_top, end_id)
+
+    # A capture must cast the weights inside the graph at every replay (autocast's cached copies would be
+    # freed under it); on a CPU the same context costs a cast per step.
+    with graph.LOCK, autocast(device, cfg.precision, cache=False):
+        steps, run = graph.static_steps(model, key, build)
+        steps.load(prep, tokens, h, c, scores, ends)
+        at_cap = True
+        for t in range(1, cfg.max_len):
+            run()
+            if bool(steps.ends.done.all()):  # the step's one synchronisation
+                at_cap = False
+                break
+        steps.trace(trace, t + 1, at_cap)
+        trace.alphas, trace.betas, trace.locations, trace.parents, trace.words = (
+            [x.clone() for x in part] for part in (trace.alphas, trace.betas, trace.locations, trace.parents,
+                                                   trace.words))
+        done = Ends(*(x.clone() for x in (steps.ends.t, steps.ends.row, steps.ends.logprob, steps.ends.count,
+                                          steps.ends.done)))
+        return done, trace, Last(steps.active.clone(), steps.scores.clone(), at_cap)
 
 
-def _results(ends: _Ends, trace: _Trace, last: _Last, vocab: Vocab, grid: tuple[int, int],
+def _results(ends: Ends, trace: Trace, last: Last, vocab: Vocab, grid: tuple[int, int],
              cfg: DecodeConfig) -> list[list[Hypothesis]]:
     """The one copy to the host, then each image's hypotheses, best first: finished by length-normalised score,
     then (at the length cap) the best unfinished ones."""
