@@ -304,6 +304,9 @@ class DataConfig(Config):
     cache: str = option("", "folder of the on-disk preprocessing cache (python -m sat_core.prepro), memory-mapped by "
                         "every run, resume and rank; empty: images decoded into RAM at every start")
     workers: int = option(0, "threads decoding images; 0: the CPU cores shared among a node's ranks", low=0)
+    resident: str = option("auto", "on a GPU, the cached annotations kept in its memory (a step's rows are one gather "
+                           "there); auto: when they take at most half its free memory; off: on the host, each step's "
+                           "rows copied from pinned memory while the GPU works", choices=("auto", "on", "off"))
 
 
 @dataclass(frozen=True)
@@ -326,6 +329,9 @@ class OptimConfig(Config):
                              "share it cuts down to", low=0.0)
     warmup_steps: int = option(0, "optimizer steps (of the global batch) over which the rate rises linearly to the "
                                "schedule's, before any schedule; 0: none", low=0)
+    lr_batch: int = option(0, "the batch size --lr was chosen for: at another --batch-size the rate is scaled by "
+                           "√(batch-size / lr-batch), the square-root rule of adaptive optimizers such as Adam and "
+                           "RMSprop (give --warmup-steps with a large batch); 0: --lr as it is", low=0)
     plateau_factor: float = option(0.5, "plateau schedule: what the rate is multiplied by at each cut", low=0.0)
     plateau_patience: int = option(1, "plateau schedule: epochs without a better validation --select-metric before "
                                    "each cut (below --patience, which stops the run)", low=1)
@@ -354,10 +360,20 @@ class OptimConfig(Config):
                            f"{self.patience} stops the run first. Give a smaller --plateau-patience, a larger "
                            "--patience, or --patience 0.")
 
-    def lr_at(self, step: int, steps_per_epoch: int, epochs: int | None = None, plateau: float = 1.0) -> float:
+    def peak_lr(self, batch_size: int) -> float:
+        """--lr at this global batch: scaled from ``lr_batch`` by the square-root rule (Malladi et al., 2022:
+        an adaptive optimizer's noise scale stays put when the rate grows as √batch), or as given."""
+        return self.lr * math.sqrt(batch_size / self.lr_batch) if self.lr_batch else self.lr
+
+    def lr_at(self, step: int, steps_per_epoch: int, epochs: int | None = None, plateau: float = 1.0,
+              batch_size: int | None = None) -> float:
         """The rate for optimizer step ``step`` (0-based): a linear warmup over the first ``warmup_steps``, then
         constant, cosine from lr to lr_final·lr over the rest of the epochs (``epochs``, when the time budget fits
-        fewer than ``self.epochs``), or lr times ``plateau`` (the share the plateau cuts have left)."""
+        fewer than ``self.epochs``), or lr times ``plateau`` (the share the plateau cuts have left). ``lr`` is
+        ``peak_lr(batch_size)`` when the batch is given."""
+        if batch_size is not None and self.lr_batch:
+            return dataclasses.replace(self, lr_batch=0, lr=self.peak_lr(batch_size)).lr_at(
+                step, steps_per_epoch, epochs, plateau)
         warm = min((step + 1) / self.warmup_steps, 1.0) if self.warmup_steps else 1.0
         if self.lr_schedule == "plateau":
             return self.lr * plateau * warm

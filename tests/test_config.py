@@ -77,6 +77,17 @@ def test_warmup_rises_linearly_then_hands_over_to_the_schedule():
     assert rates[4] == pytest.approx(1e-3) and all(a > b for a, b in zip(rates[4:], rates[5:]))  # then down
 
 
+def test_a_rate_chosen_for_one_batch_follows_the_square_root_rule_at_another():
+    cfg = OptimConfig(lr=1e-3, lr_batch=64, lr_schedule="cosine", lr_final=0.1, epochs=1, warmup_steps=4)
+    assert cfg.peak_lr(64) == pytest.approx(1e-3) and cfg.peak_lr(1024) == pytest.approx(4e-3)
+    assert cfg.peak_lr(16) == pytest.approx(5e-4)
+    big = [cfg.lr_at(s, 24, batch_size=256) for s in range(25)]
+    plain = [cfg.lr_at(s, 24) for s in range(25)]  # no batch given: --lr as it is
+    assert big == pytest.approx([2 * x for x in plain])  # warmup and cosine keep their shape, scaled by √4
+    assert plain[3] == pytest.approx(1e-3) and big[24] == pytest.approx(2e-4)
+    assert OptimConfig(lr=1e-3).lr_at(5, 10, batch_size=4096) == 1e-3  # lr_batch 0: never scaled
+
+
 def test_plateau_cuts_the_rate_after_epochs_without_a_better_figure_down_to_its_floor():
     from sat_core.training.schedule import Plateau
 

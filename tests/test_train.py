@@ -253,6 +253,24 @@ def test_cosine_schedule_sets_every_steps_rate_and_logs_it(world_data, tmp_path)
     assert [x["lr"] for x in log[1:]] == pytest.approx([seen[steps - 1], seen[-1]])
 
 
+def test_a_rate_chosen_for_a_smaller_batch_is_scaled_and_said(world_data, tmp_path, capsys):
+    data, images = world_data
+    trainer = training.Trainer(*train.parse_config(train_args(
+        data, images, tmp_path / "run", "--epochs", "1", "--batch-size", "4", "--lr", "1e-3", "--lr-batch", "1")))
+    seen = []
+    original = trainer.optimizer.step
+
+    def step(*args, **kwargs):
+        seen.append(trainer.optimizer.param_groups[0]["lr"])
+        return original(*args, **kwargs)
+
+    trainer.optimizer.step = step
+    trainer.run()
+    assert seen and seen == pytest.approx([2e-3] * len(seen))  # √(4 / 1) × 1e-3
+    out = capsys.readouterr().out
+    assert "at batch 4 the rate peaks at 0.002 (√4/1, the square-root rule)" in out and "--warmup-steps" in out
+
+
 def test_plateau_cuts_the_rate_after_an_epoch_without_a_better_figure_and_a_resume_keeps_the_cut(
         tiny_data, tmp_path, capsys):
     """A few epochs at 1e-3 leave the tiny model's validation BLEU-4 where the first epoch put it: each epoch

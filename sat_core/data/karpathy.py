@@ -398,8 +398,10 @@ def make_loader(
     rank: int = 0,
     drop_last: bool = False,
     by_image: bool = False,
+    pin_memory: bool = False,
 ) -> DataLoader:
-    """Length-bucketed (or, with ``by_image``, image-grouped) DataLoader.
+    """Length-bucketed (or, with ``by_image``, image-grouped) DataLoader; ``pin_memory`` (for a GPU): batches in
+    page-locked memory, so that ``Batch.to(device, non_blocking=True)`` overlaps the copy with the GPU's work.
 
     Call ``loader.batch_sampler.set_epoch(e)`` each epoch.
     """
@@ -411,7 +413,7 @@ def make_loader(
     # No worker processes: an item is a row of a decoded store (in RAM, or the on-disk cache's mapping) or, when
     # cached annotations stand in for the images, no pixels at all (CaptionDataset.carry_images), so a batch is
     # a few row copies; workers would add their start-up at every epoch and draw from the global RNG.
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=0)
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=0, pin_memory=pin_memory)
 
 
 class EvalImages:

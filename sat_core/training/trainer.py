@@ -37,6 +37,7 @@ from sat_core.training.build import build_optimizer, load_encoder, model_config,
 from sat_core.training.checks import check_out
 from sat_core.training.console import SELECT_KEYS, console_line
 from sat_core.training.distributed import make_loader  # --batch-size is the global batch: each process its share
+from sat_core.training.feed import AnnotationFeed
 from sat_core.training.logbook import Sample, StepLog
 from sat_core.training.losses import MovingBaseline, caption_loss
 from sat_core.training.state import (
@@ -72,6 +73,8 @@ class Trainer:
         self._build_model()  # encoder weights are found (or refused) before any image is decoded
         self._decode_images()
         self.features = self._feature_cache()
+        self.feed = (AnnotationFeed(self.features, self.device, cfg.data.resident, say=self._say)
+                     if self.features is not None else None)
         self.setup_s = time.perf_counter() - self.started
         self.epoch, self.batch_in_epoch, self.step = 0, 0, 0
         self.planned_epochs = cfg.optim.epochs  # fewer when the time budget cannot fit them (_fit_schedule)
@@ -101,7 +104,18 @@ class Trainer:
             print(f"batch: {cfg.data.batch_size} captions per optimizer step over {self.world} processes, "
                   f"{self.per_rank_batch} each (--lr {cfg.optim.lr:g} and --warmup-steps {cfg.optim.warmup_steps} "
                   "are those of this global batch)", flush=True)
+        optim, batch = cfg.optim, cfg.data.batch_size
+        if optim.lr_batch and optim.lr_batch != batch:
+            print(f"lr: --lr {optim.lr:g} was chosen for batch {optim.lr_batch}; at batch {batch} the rate peaks at "
+                  f"{optim.peak_lr(batch):.3g} (√{batch}/{optim.lr_batch}, the square-root rule)"
+                  + ("" if optim.warmup_steps or batch < optim.lr_batch else
+                     "; a large batch's first steps want --warmup-steps (a few hundred)"), flush=True)
         self._log({"event": "setup", "seconds": round(self.setup_s, 1), "images": len(self.store)})
+
+    def _say(self, text: str) -> None:
+        """A console line from the first process only."""
+        if self.main_process:
+            print(text, flush=True)
 
     @property
     def _terms(self) -> list[str]:
@@ -158,7 +172,8 @@ class Trainer:
         self.store = store
         self.train_set = CaptionDataset(self.data, "train", self.vocab, store)
         self.loader = make_loader(self.train_set, cfg.data.batch_size, shuffle=True, seed=cfg.seed,
-                                  num_replicas=self.world, rank=self.rank, by_image=cfg.data.batching == "image")
+                                  num_replicas=self.world, rank=self.rank, by_image=cfg.data.batching == "image",
+                                  pin_memory=self.device.type == "cuda")
         self.val_images = EvalImages(self.data, cfg.data.val_split, store, batch_size=64)
         self.extra_terms = extra_terms(cfg, self.train_set, self.preprocess)  # beyond the paper: none by default
         # Kept in every checkpoint: the explorer's out-of-domain check and the error labels' word kinds.
@@ -208,7 +223,7 @@ class Trainer:
 
     def _annotations(self, rows: list[int]) -> torch.Tensor:
         """Cached annotations (U, L, D) of store rows; with --tune-blocks, through the trained blocks (fp32)."""
-        cached = self.features[rows].to(self.device).float()
+        cached = self.feed(rows).float()  # (U, L, D) on the device (``feed``: resident, or pinned and async)
         if not self.model.encoder.tune_blocks:
             return cached  # (U, L, D)
         with torch.autocast(self.device.type, enabled=False):  # the encoder runs in fp32 at inference too
@@ -305,7 +320,7 @@ class Trainer:
         """One optimizer step: (its loss terms per word over the global batch, its captions over all processes).
         Where this process holds a filler (``distributed``) its share counts 0."""
         cfg, filler = self.cfg, self.batch_in_epoch in self.fillers
-        batch = batch.to(self.device)
+        batch = batch.to(self.device, non_blocking=True)  # from pinned memory on a GPU: the copy overlaps
         with self._autocast():
             out = self._forward(batch)
             parts = caption_loss(out, batch.captions[:, 1:], dsa_lambda=self._dsa_lambda(),
@@ -543,7 +558,8 @@ class Trainer:
         return {"epochs": self.epoch, self._best_key: self.best, "run_dir": str(self.run_dir)}
 
     def _rate(self) -> float:
-        return self.cfg.optim.lr_at(self.step, len(self.loader), epochs=self.planned_epochs, plateau=self.plateau.share)
+        return self.cfg.optim.lr_at(self.step, len(self.loader), epochs=self.planned_epochs, plateau=self.plateau.share,
+                                    batch_size=self.cfg.data.batch_size)
 
     def _fit_schedule(self, epoch_s: float) -> None:
         """Shorten the plan to the epochs that still fit into --max-minutes, judged by the epoch just run,
