@@ -88,8 +88,9 @@ GRAPH_COLUMNS = [("device", "device", ""), ("beam", "beam", "d"), ("batch", "bat
                  ("graph_build_s", "capture s", ".2f"), ("compile_s", "compile s", ".1f"),
                  ("graph_max_diff", "graph Δ", ".1e"), ("compiled_max_diff", "compiled Δ", ".1e")]
 TRAIN_COLUMNS = [("device", "device", ""), ("dims", "dimensions", ""), ("attention", "attention", ""),
-                 ("batch", "batch", "d"), ("steps", "steps", "d"), ("captions_per_s", "captions/s", ".1f"),
-                 ("ms_per_step", "ms/step", ".1f"), ("gemm_ms", "GEMMs ms", ".1f"),
+                 ("batch", "batch", "d"), ("compiled", "compiled", ""), ("steps", "steps", "d"),
+                 ("captions_per_s", "captions/s", ".1f"), ("ms_per_step", "ms/step", ".1f"),
+                 ("first_step_s", "first step s", ".2f"), ("gemm_ms", "GEMMs ms", ".1f"),
                  ("attention_ms", "attention ms", ".1f"), ("floor_ms", "floor ms", ".1f"),
                  ("floor_precision", "floor in", ""), ("step_over_floor", "step/floor", ".2f"),
                  ("ceiling_captions_per_s", "ceiling c/s", ".1f"), ("peak_mb", "peak MB", ".0f")]

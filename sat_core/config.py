@@ -404,6 +404,10 @@ class TrainConfig(Config):
                             "AVX512-BF16 (weights, optimizer state, h/c and the loss stay fp32); fp16: CUDA only",
                             choices=("auto", "fp32", "bf16", "fp16"))
     channels_last: bool = option(True, "channels-last encoder inputs, CUDA only")
+    compile: str = option("off", "the teacher-forced recurrence through torch.compile (a graph per batch shape, "
+                          "compiled at its first step; on a GPU a step's attention and LSTM cell become a few fused "
+                          "kernels); auto: on a GPU; on: everywhere (a CPU needs a C++ compiler)",
+                          choices=("off", "auto", "on"))
     progress: bool = option(True, "progress bars")
     log_every: int = option(1, "optimizer steps between rows of RUN/steps.csv and RUN/tb/ (TensorBoard: loss terms, "
                             "rate, throughput; validation figures and sample captions with their α each epoch); "

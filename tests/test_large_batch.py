@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from sat_core.data.vocab import Vocab
 from sat_core.models.captioner import Captioner
@@ -74,3 +75,32 @@ def test_the_comparison_sees_a_wrong_weighting():
     halves = [_gradients(model, feats[i : i + SMALL], captions[i : i + SMALL], None, 0.5) for i in (0, SMALL)]
     name = "L_o.weight"
     assert float((large[name] - halves[0][name] - halves[1][name]).abs().max()) > 1e-4 * float(large[name].abs().max())
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_a_compiled_recurrence_gives_the_eager_loss_and_gradients(attention):
+    """``Decoder.compile_recurrence``: traced by TorchDynamo and AOTAutograd (``aot_eager``: the compiler's
+    graphs, run without code generation, so no C compiler is needed) at two caption lengths. On a GPU the
+    trainer's ``--compile`` hands the same graphs to Inductor."""
+    torch.manual_seed(0)
+    eager = Captioner(tiny_config(V, attention=attention, feature_dim=24, small_channels=(8, 16, 24))).train()
+    compiled = Captioner(tiny_config(V, attention=attention, feature_dim=24, small_channels=(8, 16, 24))).train()
+    compiled.load_state_dict(eager.state_dict())
+    compiled.decoder.compile_recurrence(backend="aot_eager")
+    counters.clear()
+    for p in (eager, compiled):
+        p.decoder.dropout.p = 0.0  # dropout's draws would differ between the two
+    feats = torch.randn(SMALL, 16, 24, generator=torch.Generator().manual_seed(2))
+    for length in (T, T - 3):
+        captions = _captions(SMALL)[:, : length + 2]
+        captions[:, -1] = torch.where(captions[:, -1] == Vocab.pad_id, Vocab.pad_id, Vocab.end_id)
+        torch.manual_seed(3)  # the same hard-attention draws
+        ref = _gradients(eager, feats, captions, None)
+        torch.manual_seed(3)
+        got = _gradients(compiled, feats, captions, None)
+        assert ref.keys() == got.keys() and len(ref) > 5
+        for name, g in ref.items():
+            torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-6, msg=name)
+    assert counters["stats"]["unique_graphs"] >= 1
+    if attention == "soft":  # hard attention's draw asks the host whether any row samples: a break there
+        assert not counters["graph_break"], dict(counters["graph_break"])

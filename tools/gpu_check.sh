@@ -49,7 +49,7 @@ if python3 -c "import pytest_timeout" 2>/dev/null; then
     per_test=(--timeout 200)
 fi
 echo "== tests: ${files[*]}"
-timeout 240 python3 -m pytest "${files[@]}" -p no:cacheprovider "${workers[@]}" "${per_test[@]}" \
+timeout 180 python3 -m pytest "${files[@]}" -p no:cacheprovider "${workers[@]}" "${per_test[@]}" \
     2>&1 | tee "$TMP/tests.log"
 tests_rc=$?
 
@@ -62,7 +62,7 @@ bench() {  # bench WHAT SECONDS
     timeout "$limit" python3 -m sat_core.bench "$what" "${flags[@]}"
 }
 bench decode 140; decode_rc=$?
-bench train 90; train_rc=$?
+bench train 150; train_rc=$?
 
 out="docs/benchmarks/$slug-$today.json"
 n=2

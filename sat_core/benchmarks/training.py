@@ -3,13 +3,15 @@ backward, Adam) on precomputed random annotations, split into its parts timed al
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from sat_core.benchmarks.measure import (
-    COCO, DTYPES, PAPER, QUICK, Dims, cases, gemm_floor, gemm_runner, model_config, progress, timed, train_gemms,
+    COCO, DTYPES, PAPER, QUICK, Dims, cases, gemm_floor, gemm_runner, model_config, progress, sync, timed,
+    train_gemms,
 )
 from sat_core.data.vocab import SPECIALS, Vocab
 from sat_core.models.attention import attend
@@ -34,14 +36,18 @@ def attention_train_runner(model: Captioner, dims: Dims, B: int, T: int, device:
 
 
 def train_case(dims: Dims, attention: str, device: torch.device, precision: str = "fp32", *, batch: int = 32,
-               length: int = 20, min_time: float = 1.0, floor: bool = True) -> dict[str, Any]:
-    """Captions/s, the parts of a step timed alone, and peak memory of training steps on random data."""
+               length: int = 20, min_time: float = 1.0, floor: bool = True, compiled: bool = False) -> dict[str, Any]:
+    """Captions/s, the parts of a step timed alone, and peak memory of training steps on random data;
+    ``compiled``: the recurrence through torch.compile (``train --compile``), its first step's seconds apart."""
     from sat_core.training.losses import MovingBaseline, caption_loss
     from sat_core.training.trainer import build_optimizer
 
     torch.manual_seed(0)
     config = model_config(dims, attention)
     model = Captioner(config).to(device).train()
+    if compiled:
+        torch._dynamo.reset()
+        model.decoder.compile_recurrence()
     optimizer = build_optimizer("adam", model.decoder.parameters(), lr=1e-4)  # the trainer's
     feats = torch.randn(batch, dims.L, dims.D, device=device)  # (B, L, D)
     captions = torch.randint(len(SPECIALS), dims.V, (batch, length + 2), device=device)  # (B, T+1)
@@ -58,6 +64,10 @@ def train_case(dims: Dims, attention: str, device: torch.device, precision: str 
         torch.nn.utils.clip_grad_norm_(model.decoder.parameters(), 5.0)
         optimizer.step()
 
+    started = time.perf_counter()
+    step()  # the compile, when there is one
+    sync(device)
+    first_s = time.perf_counter() - started
     seconds, mem = timed(step, device, min_time=min_time)
     T, short = length + 1, {"warmup": 1, "min_time": min_time / 4, "max_runs": 5}
     shapes = train_gemms(dims, batch, T)
@@ -66,22 +76,29 @@ def train_case(dims: Dims, attention: str, device: torch.device, precision: str 
                         else (float("nan"), ""))
     attn_s = timed(attention_train_runner(model, dims, batch, T, device, precision), device, **short)[0]
     return {"device": device.type, "precision": precision, "dims": dims.name, "attention": attention,
-            "batch": batch, "steps": T, "captions_per_s": batch / seconds, "ms_per_step": 1000 * seconds,
+            "batch": batch, "compiled": compiled, "first_step_s": first_s, "steps": T,
+            "captions_per_s": batch / seconds, "ms_per_step": 1000 * seconds,
             "gemm_ms": 1000 * gemm_s, "attention_ms": 1000 * attn_s, "floor_ms": 1000 * floor_s,
             "floor_precision": floor_p, "ceiling_captions_per_s": batch / floor_s,
             "step_over_floor": seconds / floor_s, "peak_mb": mem.mb}
 
 
-LARGE_BATCH = 512  # on a GPU also: a batch that can fill it (batch 32 is launch-bound there)
+LARGE_BATCHES = (512, 2048)  # on a GPU also: batches that can fill it (batch 32 is launch-bound there)
 
 
 def run_train(devices: list[torch.device], *, quick: bool = False, precision: str = "all") -> list[dict[str, Any]]:
+    """Every size, attention and precision at batch 32; on a GPU also at the large batches, and the largest
+    again with the recurrence compiled (COCO size, soft attention, bf16)."""
     sizes = [QUICK] if quick else [COCO, PAPER]
     kwargs = {"batch": 4, "length": 4, "min_time": 0.0} if quick else {}
     rows = []
     for device, p in cases(devices, precision):
-        batches = [kwargs.get("batch", 32)] + ([LARGE_BATCH] if device.type == "cuda" and not quick else [])
+        gpu = device.type == "cuda" and not quick
+        batches = [kwargs.get("batch", 32), *(LARGE_BATCHES if gpu else ())]
         for dims in sizes:
             for attention in ("soft", "hard"):
                 rows += [progress(train_case(dims, attention, device, p, **{**kwargs, "batch": b})) for b in batches]
+                if gpu and dims is COCO and attention == "soft" and p == "bf16":  # one compile: about a minute
+                    rows.append(progress(train_case(dims, attention, device, p, batch=LARGE_BATCHES[-1],
+                                                    compiled=True)))
     return rows

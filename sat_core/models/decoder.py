@@ -71,6 +71,7 @@ class Decoder(nn.Module):
         self.L_z = nn.Linear(D, m, bias=False) if self.deep_output else None
         self.dropout = nn.Dropout(config.dropout)
         self.L_o = nn.Linear(m if self.deep_output else n, K)
+        self._compiled: Callable | None = None  # ``compile_recurrence``
 
     def prepare(self, feats: torch.Tensor) -> tuple[Prepared, torch.Tensor, torch.Tensor]:
         """Projections for attention and the initial state (h_0, c_0) (B, n) from the mean annotation.
@@ -144,6 +145,23 @@ class Decoder(nn.Module):
         # Elementwise product and sum: matmul would run in bf16 again under autocast.
         return (W * deep_out.float().unsqueeze(1)).sum(2) + self.L_o.bias.float()[words]  # (N, W)
 
+    def _recurrence(self, gates_emb: torch.Tensor, h: torch.Tensor, c: torch.Tensor, prep: Prepared,
+                    W_z: torch.Tensor, sample: torch.Tensor | None, generator: torch.Generator | None):
+        """What each teacher-forced step cannot share with the others: α_t and ẑ_t from h_{t−1}, the LSTM's
+        recurrent part and update. ``gates_emb`` (B, 4n) is the embedding's share of the gates."""
+        alpha, beta, context, _loc, log_p = self._context(h, prep, sample, generator, None)
+        gates = gates_emb + F.linear(context, W_z) + F.linear(h, self.lstm.weight_hh)  # (B, 4n)
+        h, c = self._lstm(gates, h, c)
+        return h, c, alpha, beta, context, log_p
+
+    def compile_recurrence(self, backend: str = "inductor") -> None:
+        """Train with the teacher-forced recurrence compiled (``torch.compile``, one graph per batch shape):
+        on a GPU the attention scores, softmax, context and LSTM cell of a step become a few fused kernels
+        instead of some forty launches. Attention then runs as written (``backend="plain"``): the compiler
+        fuses what the hand-made blocks of ``attention_fast`` do for eager code. Same values, up to rounding."""
+        self.attention.backend = "plain"
+        self._compiled = torch.compile(self._recurrence, backend=backend, dynamic=False)
+
     def teacher_forced(
         self,
         prev_tokens: torch.Tensor,
@@ -168,10 +186,9 @@ class Decoder(nn.Module):
         # Weight slices are not parameters, so autocast would recast them at every step: cast once here.
         W_z = lstm.weight_ih[:, m:].to(compute_dtype(emb))  # (4n, D)
         hs, contexts, alphas, betas, log_ps = [], [], [], [], []
+        recur = self._compiled or self._recurrence
         for t in range(T):
-            alpha, beta, context, _loc, log_p = self._context(h, prep, sample, generator, None)
-            gates = gates_emb[:, t] + F.linear(context, W_z) + F.linear(h, lstm.weight_hh)  # (B, 4n)
-            h, c = self._lstm(gates, h, c)
+            h, c, alpha, beta, context, log_p = recur(gates_emb[:, t], h, c, prep, W_z, sample, generator)
             hs.append(h)
             contexts.append(context)
             alphas.append(alpha)

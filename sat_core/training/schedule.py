@@ -1,4 +1,5 @@
-"""Reduce-on-plateau: the learning rate cut by a factor after epochs without a better validation figure.
+"""Reduce-on-plateau: the learning rate cut by a factor after epochs without a better validation figure; what a
+rate chosen for another batch size becomes.
 
 ``OptimConfig.lr_at`` gives every step's rate (warmup, constant, cosine, plateau); for the plateau schedule
 it takes the share of ``--lr`` left by the cuts so far, which ``Plateau`` keeps (and ``last/`` saves).
@@ -39,3 +40,13 @@ class Plateau:
     def load(self, state: dict[str, float] | None) -> None:
         if state:
             self.share, self.waited = float(state["share"]), int(state["waited"])
+
+
+def scaled_rate_note(optim: OptimConfig, batch_size: int) -> str | None:
+    """The console's line when ``--lr-batch`` scales the rate to this batch (None when it does not)."""
+    if not optim.lr_batch or optim.lr_batch == batch_size:
+        return None
+    warm = "" if optim.warmup_steps or batch_size < optim.lr_batch else \
+        "; a large batch's first steps want --warmup-steps (a few hundred)"
+    return (f"lr: --lr {optim.lr:g} was chosen for batch {optim.lr_batch}; at batch {batch_size} the rate peaks at "
+            f"{optim.peak_lr(batch_size):.3g} (√{batch_size}/{optim.lr_batch}, the square-root rule){warm}")

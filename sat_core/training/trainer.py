@@ -44,7 +44,7 @@ from sat_core.training.state import (
     STATE_JSON, STATE_TENSORS, clear_earlier_run, flatten_state, restore_rngs, rng_json, rng_tensors, saved_world,
     unflatten_state,
 )
-from sat_core.training.schedule import Plateau
+from sat_core.training.schedule import Plateau, scaled_rate_note
 from sat_core.training.supervision import extra_terms
 
 SAMPLES = 2  # validation captions printed after each epoch
@@ -73,8 +73,8 @@ class Trainer:
         self._build_model()  # encoder weights are found (or refused) before any image is decoded
         self._decode_images()
         self.features = self._feature_cache()
-        self.feed = (AnnotationFeed(self.features, self.device, cfg.data.resident, say=self._say)
-                     if self.features is not None else None)
+        say = (lambda text: print(text, flush=True)) if self.main_process else None
+        self.feed = AnnotationFeed(self.features, self.device, cfg.data.resident, say) if self.features is not None else None
         self.setup_s = time.perf_counter() - self.started
         self.epoch, self.batch_in_epoch, self.step = 0, 0, 0
         self.planned_epochs = cfg.optim.epochs  # fewer when the time budget cannot fit them (_fit_schedule)
@@ -104,18 +104,9 @@ class Trainer:
             print(f"batch: {cfg.data.batch_size} captions per optimizer step over {self.world} processes, "
                   f"{self.per_rank_batch} each (--lr {cfg.optim.lr:g} and --warmup-steps {cfg.optim.warmup_steps} "
                   "are those of this global batch)", flush=True)
-        optim, batch = cfg.optim, cfg.data.batch_size
-        if optim.lr_batch and optim.lr_batch != batch:
-            print(f"lr: --lr {optim.lr:g} was chosen for batch {optim.lr_batch}; at batch {batch} the rate peaks at "
-                  f"{optim.peak_lr(batch):.3g} (√{batch}/{optim.lr_batch}, the square-root rule)"
-                  + ("" if optim.warmup_steps or batch < optim.lr_batch else
-                     "; a large batch's first steps want --warmup-steps (a few hundred)"), flush=True)
+        if note := scaled_rate_note(cfg.optim, cfg.data.batch_size):
+            print(note, flush=True)
         self._log({"event": "setup", "seconds": round(self.setup_s, 1), "images": len(self.store)})
-
-    def _say(self, text: str) -> None:
-        """A console line from the first process only."""
-        if self.main_process:
-            print(text, flush=True)
 
     @property
     def _terms(self) -> list[str]:
@@ -198,6 +189,8 @@ class Trainer:
         cuda = self.device.type == "cuda"
         if cuda and cfg.channels_last:
             self.model.encoder.to(memory_format=torch.channels_last)
+        if cfg.compile == "on" or cfg.compile == "auto" and cuda:
+            self.model.decoder.compile_recurrence()
         self.train_model: torch.nn.Module = self.model
         if self.world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
