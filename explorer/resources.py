@@ -68,9 +68,11 @@ def checkpoint_summary(path: str) -> dict[str, Any]:
     try:
         config = json.loads((Path(path) / CONFIG_FILE).read_text(encoding="utf-8"))
         model = config.get("model", {})
-        return {"attention": model.get("attention", "?"), "encoder": model.get("encoder", "?")}
-    except (OSError, ValueError):
-        return {"attention": "?", "encoder": "?"}
+        optim = ((config.get("training") or {}).get("train_config") or {}).get("optim") or {}
+        return {"attention": model.get("attention", "?"), "encoder": model.get("encoder", "?"),
+                "supervised": bool(optim.get("attention_lambda", 0))}
+    except (OSError, ValueError, AttributeError):
+        return {"attention": "?", "encoder": "?", "supervised": False}
 
 
 def read_card(path: Path) -> str | None:

@@ -53,8 +53,9 @@ def _checkpoint_ui(settings: ServerSettings) -> tuple[dict[str, str], str | None
                                    "start the app with `-- --checkpoints DIR`.")
     options = list(names)
     state.keep_choice("ckpt", options)
-    if "ckpt" not in st.session_state:  # soft attention first (the paper's main model), and one that loads
-        soft = [n for n in options if res.checkpoint_summary(names[n])["attention"] == "soft"]
+    if "ckpt" not in st.session_state:  # the paper's soft model first (no supervised α), and one that loads
+        summary = {n: res.checkpoint_summary(names[n]) for n in options}
+        soft = sorted((n for n in options if summary[n]["attention"] == "soft"), key=lambda n: summary[n]["supervised"])
         st.session_state["ckpt"] = next((n for n in [*soft, *options] if _loads(names[n], roots, settings)),
                                         (soft or options)[0])
     name = st.sidebar.selectbox(

@@ -320,13 +320,19 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
                  if hard else f"soft attention with the doubly stochastic penalty (λ = {cfg.optim.dsa_lambda:g}, the "
                  "authors' value against a per-caption sum)")
     chosen = "the shipped epoch (table below)"
+    supervised = cfg.optim.attention_lambda
     if hard and hard.reinforce_weight != 1.0:
         chosen = (f"λ_r = {hard.reinforce_weight:g} against the paper's 1, by validation BLEU-4 "
+                  f"{'for `scenes_hard` (taken over unchanged) ' if supervised else ''}"
                   "(docs/EXPERIMENTS.md), and the shipped epoch (table below)")
+    added = ("nothing added" if not supervised else
+             f"plus one term **not in the paper**: supervised attention (Liu et al., 2017; λ_a = {supervised:g}, "
+             "fixed before training), the cross-entropy from each named object's cells to α, taught with the "
+             "world's masks")
     return [
         "",
         "## Choices",
-        "- The paper's model and objective, nothing added: (h_0, c_0) from the mean annotation"
+        f"- The paper's model and objective, {added}: (h_0, c_0) from the mean annotation"
         f"{', the gate β' if not hard else ''}, the deep output layer; {objective}. Decoded by plain beam search "
         "with length normalisation.",
         "- Recipe choices that change neither the model nor the objective: ImageNet-pretrained EfficientNet-Lite0 "

@@ -249,6 +249,12 @@ def test_the_scenes_card_shows_the_sets_off_the_generator_beside_the_test_split_
     soft = ship.model_card("scenes_soft", TrainConfig.from_dict(json.loads(ship.preset_path("scenes_soft").read_text())),
                            {}, metrics)
     assert "doubly stochastic penalty (λ = 1," in soft and "REINFORCE" not in soft
+    assert "nothing added" in soft and "not in the paper" not in soft
+    for kind in ("soft", "hard"):  # a supervised card never calls itself the paper's objective alone
+        name = f"scenes_{kind}_supervised"
+        card = ship.model_card(name, TrainConfig.from_dict(json.loads(ship.preset_path(name).read_text())), {}, metrics)
+        assert "nothing added" not in card and "plus one term **not in the paper**: supervised attention" in card
+        assert ("taken over unchanged" in card) == (kind == "hard")
     plain = ship.model_card("shapes_soft", TrainConfig.from_dict(json.loads(ship.preset_path("shapes_soft").read_text())),
                             {}, METRICS)
     assert "Off the generator" not in plain and "## Choices" not in plain
