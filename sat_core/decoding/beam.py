@@ -195,7 +195,8 @@ def _search(model, feats, device, vocab, cfg, intervention, generator, sample_wo
     K = cfg.beam_size
     prep, h, c = model.decoder.prepare(feats)  # (B, L, A), (B, n): one row per image at t = 0
     B, V = feats.shape[0], len(vocab)
-    fixed = _fixed_rows(device)
+    replay = cfg.max_len > 1 and _replayed(model, cfg, device, intervention, sample_words)
+    fixed = replay or _fixed_rows(device)
     active = torch.arange(B, device=device)  # (B',) the images still decoding, in row order
     tokens = torch.full((B,), vocab.start_id, dtype=torch.long, device=device)  # (N,)
     scores = torch.zeros(B, 1, device=device)  # (B', k) log-probabilities of the live rows
@@ -230,17 +231,17 @@ def _search(model, feats, device, vocab, cfg, intervention, generator, sample_wo
         trace.words.append(words)
         h, c = out.h[rows], out.c[rows]  # (B'·K, n)
         tokens = words
-        if t == 0 and cfg.max_len > 1 and _replayed(model, cfg, device, intervention, generator):
+        if replay:  # steps 1… over static buffers
             return _replay(model, prep, tokens, h, c, scores, ends, trace, cfg, suppressed(vocab, cfg, 1), n_top,
                            vocab.end_id)
     return ends, trace, Last(active, scores, at_cap=t == cfg.max_len - 1 and n_live > 0)
 
 
-def _replayed(model: Captioner, cfg: DecodeConfig, device: torch.device, intervention, generator) -> bool:
+def _replayed(model: Captioner, cfg: DecodeConfig, device: torch.device, intervention, sample_words: bool) -> bool:
     """Whether steps 1… run as one step over static buffers (``graph``): ``cfg.graph`` "auto" on a GPU, "on"
     everywhere; never with an intervention or random draws (hard attention's sampled locations, sampled words),
     which the step-by-step loop serves."""
-    if cfg.graph == "off" or intervention is not None or generator is not None:
+    if cfg.graph == "off" or intervention is not None or sample_words or model.hard and cfg.hard_mode == "sample":
         return False
     return cfg.graph == "on" or device.type == "cuda"
 
