@@ -114,3 +114,17 @@ def test_a_cuda_graph_of_one_step_serves_the_whole_decode(beam_size, precision):
         if precision == "fp32":  # the GPU's search is the CPU's
             _same(replayed, beam_search(model.cpu(), cpu, vocab, cfg), 1e-4)
             model.cuda()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_refused_capture_warns_and_runs_the_step_uncaptured(monkeypatch):
+    def refuse(steps):
+        raise RuntimeError("capture refused")
+
+    monkeypatch.setattr(graph, "captured", refuse)
+    model, vocab, cpu = ref.tiny_model("soft").cuda(), ref.tiny_vocab(), ref.tiny_annotations()
+    feats = Annotations(cpu.feats.cuda(), cpu.grid)
+    cfg = DecodeConfig(beam_size=3, max_len=ref.MAX_LEN, precision="fp32")
+    with pytest.warns(RuntimeWarning, match="could not capture"):
+        replayed = beam_search(model, feats, vocab, cfg)
+    _same(replayed, beam_search(model, feats, vocab, dataclasses.replace(cfg, graph="off")))

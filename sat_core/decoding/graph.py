@@ -14,6 +14,7 @@ weights where they lie, so it follows an optimizer's in-place updates; moving or
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -127,7 +128,14 @@ def static_steps(model: Captioner, key: tuple, build: Callable[[], StaticSteps]
         mine.move_to_end(full)
         return mine[full]
     steps = build()
-    mine[full] = found = (steps, captured(steps) if steps.t.is_cuda else steps)
+    run: Callable[[], None] = steps
+    if steps.t.is_cuda:
+        try:
+            run = captured(steps)
+        except RuntimeError as err:  # a capture this GPU or driver refuses: the same step, uncaptured
+            warnings.warn(f"Beam search could not capture its step as a CUDA graph ({err}); it runs the step "
+                          "uncaptured (--graph off skips the attempt).", RuntimeWarning, stacklevel=3)
+    mine[full] = found = (steps, run)
     while len(mine) > _KEEP:
         mine.popitem(last=False)
     return found
