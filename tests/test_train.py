@@ -230,19 +230,24 @@ def test_resume_applies_a_new_learning_rate_and_remembers_it(tiny_data, tmp_path
     assert [g["lr"] for g in again.optimizer.param_groups] == [1e-4]
 
 
-def test_cosine_schedule_sets_every_steps_rate_and_logs_it(world_data, tmp_path):
-    data, images = world_data
-    trainer = training.Trainer(*train.parse_config(train_args(
-        data, images, tmp_path / "run", "--epochs", "2", "--batch-size", "4", "--lr", "4e-3",
-        "--lr-schedule", "cosine", "--lr-final", "0.25", "--patience", "0")))
-    seen = []
-    original = trainer.optimizer.step
+def _rates_seen(trainer) -> list[float]:
+    """The rate of every optimizer step the trainer takes from now on, filled as it trains."""
+    seen, original = [], trainer.optimizer.step
 
     def step(*args, **kwargs):
         seen.append(trainer.optimizer.param_groups[0]["lr"])
         return original(*args, **kwargs)
 
     trainer.optimizer.step = step
+    return seen
+
+
+def test_cosine_schedule_sets_every_steps_rate_and_logs_it(world_data, tmp_path):
+    data, images = world_data
+    trainer = training.Trainer(*train.parse_config(train_args(
+        data, images, tmp_path / "run", "--epochs", "2", "--batch-size", "4", "--lr", "4e-3",
+        "--lr-schedule", "cosine", "--lr-final", "0.25", "--patience", "0")))
+    seen = _rates_seen(trainer)
     trainer.run()
     steps = len(trainer.loader)
     assert len(seen) == 2 * steps > 4
@@ -257,14 +262,7 @@ def test_a_rate_chosen_for_a_smaller_batch_is_scaled_and_said(world_data, tmp_pa
     data, images = world_data
     trainer = training.Trainer(*train.parse_config(train_args(
         data, images, tmp_path / "run", "--epochs", "1", "--batch-size", "4", "--lr", "1e-3", "--lr-batch", "1")))
-    seen = []
-    original = trainer.optimizer.step
-
-    def step(*args, **kwargs):
-        seen.append(trainer.optimizer.param_groups[0]["lr"])
-        return original(*args, **kwargs)
-
-    trainer.optimizer.step = step
+    seen = _rates_seen(trainer)
     trainer.run()
     assert seen and seen == pytest.approx([2e-3] * len(seen))  # √(4 / 1) × 1e-3
     out = capsys.readouterr().out
