@@ -270,12 +270,8 @@ def _replay(model, prep, tokens, h, c, scores, ends, trace, cfg, banned, n_top, 
                 at_cap = False
                 break
         steps.trace(trace, t + 1, at_cap)
-        trace.alphas, trace.betas, trace.locations, trace.parents, trace.words = (
-            [x.clone() for x in part] for part in (trace.alphas, trace.betas, trace.locations, trace.parents,
-                                                   trace.words))
-        done = Ends(*(x.clone() for x in (steps.ends.t, steps.ends.row, steps.ends.logprob, steps.ends.count,
-                                          steps.ends.done)))
-        return done, trace, Last(steps.active.clone(), steps.scores.clone(), at_cap)
+        ends = Ends(*(x.clone() for x in steps.ends.tensors()))
+        return ends, trace, Last(steps.active.clone(), steps.scores.clone(), at_cap)
 
 
 def _results(ends: Ends, trace: Trace, last: Last, vocab: Vocab, grid: tuple[int, int],

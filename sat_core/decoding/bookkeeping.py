@@ -41,6 +41,10 @@ class Ends:
         return cls(zeros(torch.long), zeros(torch.long), zeros(torch.float32),
                    torch.zeros(B, dtype=torch.long, device=device), torch.zeros(B, dtype=torch.bool, device=device))
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every field, in the constructor's order."""
+        return [self.t, self.row, self.logprob, self.count, self.done]
+
     def record(self, finish: torch.Tensor, rows: torch.Tensor, logprobs: torch.Tensor, t, active: torch.Tensor
                ) -> torch.Tensor:
         """Take the candidates ``finish`` marks (B', W) of images ``active`` (B',); their new counts (B',)."""

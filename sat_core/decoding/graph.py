@@ -63,8 +63,8 @@ class StaticSteps:
         self.prep.proj.copy_(prep.proj)
         for mine, given in ((self.tokens, tokens), (self.h, h), (self.c, c), (self.scores, scores)):
             mine.copy_(given)
-        for name in ("t", "row", "logprob", "count", "done"):
-            getattr(self.ends, name).copy_(getattr(ends, name))
+        for mine, given in zip(self.ends.tensors(), ends.tensors()):
+            mine.copy_(given)
         self.t.fill_(1)
 
     def __call__(self) -> None:
@@ -84,18 +84,17 @@ class StaticSteps:
 
     def state(self) -> list[torch.Tensor]:
         """Every buffer a step changes outside the trace (what a warm-up run must give back)."""
-        return [self.tokens, self.h, self.c, self.scores, self.t, self.ends.t, self.ends.row, self.ends.logprob,
-                self.ends.count, self.ends.done]
+        return [self.tokens, self.h, self.c, self.scores, self.t, *self.ends.tensors()]
 
     def trace(self, trace: Trace, steps: int, at_cap: bool) -> None:
-        """Append steps 1..steps−1 to ``trace``; the last one's back-pointers only when it ran at the cap (a
-        search that ended there records none, as the step-by-step search does)."""
-        trace.alphas += list(self.alphas[1:steps].unbind(0))
-        trace.betas += list(self.betas[1:steps].unbind(0))
-        trace.locations += list(self.locations[1:steps].unbind(0))
+        """Append copies of steps 1..steps−1 to ``trace`` (the next decode may reuse the buffers); the last one's
+        back-pointers only when it ran at the cap (a search that ended there records none, as the step-by-step
+        search does)."""
         kept = steps if at_cap else steps - 1
-        trace.parents += list(self.parents[1:kept].unbind(0))
-        trace.words += list(self.words[1:kept].unbind(0))
+        for out, slots, end in ((trace.alphas, self.alphas, steps), (trace.betas, self.betas, steps),
+                                (trace.locations, self.locations, steps), (trace.parents, self.parents, kept),
+                                (trace.words, self.words, kept)):
+            out += slots[1:end].clone().unbind(0)  # one copy per kind
 
 
 def captured(steps: StaticSteps) -> Callable[[], None]:
