@@ -23,7 +23,7 @@ class AnnotationFeed:
     def __init__(self, features: torch.Tensor, device: torch.device, resident: str = "auto",
                  say: Callable[[str], None] | None = None) -> None:
         self.device, self.features = device, features
-        self._pinned: list[torch.Tensor] = []
+        self._pinned: list[torch.Tensor | None] = [None, None]
         self._copied: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
         self.resident = device.type == "cuda" and _fits(features, device, resident)
@@ -40,32 +40,25 @@ class AnnotationFeed:
 
     def __call__(self, rows: Sequence[int]) -> torch.Tensor:
         if self.resident:
-            index = torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)  # (U,)
+            index = torch.tensor(rows, dtype=torch.long, device=self.device)  # (U,)
             return self.features.index_select(0, index)  # (U, …)
         if self.device.type != "cuda":
             return self.features[list(rows)]  # (U, …)
         return self._copy(rows)
 
     def _copy(self, rows: Sequence[int]) -> torch.Tensor:
-        """Gather into this turn's pinned buffer (after its previous copy ended), then copy without waiting."""
+        """Gather into this turn's pinned buffer once its previous copy has ended, then copy without waiting."""
         turn, self._turn = self._turn, 1 - self._turn
-        shape = (len(rows), *self.features.shape[1:])
-        if len(self._pinned) <= turn or self._pinned[turn].shape[0] < len(rows):
-            if self._copied[turn] is not None:
-                self._copied[turn].synchronize()
-            buffer = torch.empty((max(len(rows), 1), *shape[1:]), dtype=self.features.dtype, pin_memory=True)
-            if len(self._pinned) <= turn:
-                self._pinned.append(buffer)
-            else:
-                self._pinned[turn] = buffer
-        elif self._copied[turn] is not None:
+        if self._copied[turn] is not None:
             self._copied[turn].synchronize()  # the GPU has read what this buffer held last time
-        host = self._pinned[turn][: len(rows)]
+        if self._pinned[turn] is None or self._pinned[turn].shape[0] < len(rows):
+            self._pinned[turn] = torch.empty((len(rows), *self.features.shape[1:]), dtype=self.features.dtype,
+                                             pin_memory=True)
+        host = self._pinned[turn][: len(rows)]  # (U, …)
         torch.index_select(self.features, 0, torch.tensor(rows, dtype=torch.long), out=host)
         on_device = host.to(self.device, non_blocking=True)  # (U, …)
-        event = torch.cuda.Event()
-        event.record()
-        self._copied[turn] = event
+        self._copied[turn] = torch.cuda.Event()
+        self._copied[turn].record()
         return on_device
 
 
