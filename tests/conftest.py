@@ -18,6 +18,15 @@ WORDS = ["a", "red", "blue", "green", "circle", "square", "star", "left", "of", 
 
 
 @pytest.fixture
+def one_thread():
+    """Tiny ops on 2 shared cores run faster, and reproducibly, on one thread (modules that train ask for it)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def vocab() -> Vocab:
     return Vocab(["<pad>", "<start>", "<end>", "<unk>", *WORDS])
 

@@ -18,12 +18,7 @@ from tests.fixtures_world import TINY_MODEL
 SCST_FLAGS = ["--batch-size", "30", "--no-progress", "--log-every", "0"]  # 30 captions: all 6 images in one step
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,7 @@ from sat_core.io import read_tensors, save_tensors_atomic, write_json_atomic
 from tests.fixtures_world import CAPTIONS, make_dataset, train_args
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny ops on 2 shared cores run faster, and reproducibly, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,11 @@ def loss_terms(record: dict[str, Any], cfg: TrainConfig, extra: list[str] = ()) 
     return text
 
 
+def sample_lines(samples: list[tuple[str, str]]) -> list[str]:
+    """The sample captions under an epoch's line, each beside a reference."""
+    return [f"  sample: {hyp or '(empty)'}  |  reference: {ref}" for hyp, ref in samples]
+
+
 def console_line(record: dict[str, Any], cfg: TrainConfig, samples: list[tuple[str, str]],
                  extra: list[str] = ()) -> str:
     """What a person watching the run reads: the loss by term, validation, samples, why it stopped."""
@@ -41,8 +46,7 @@ def console_line(record: dict[str, Any], cfg: TrainConfig, samples: list[tuple[s
              f"({record['precision']}, lr {record.get('lr', cfg.optim.lr):.2g})  "
              f"val BLEU-4 {v.get('BLEU-4', 0):.4f}  CIDEr {v.get('CIDEr', 0):.3f}  "
              f"best {metric} {best:.4f}"]
-    lines += [f"  sample: {hyp or '(empty)'}  |  reference: {ref}" for hyp, ref in samples]
-    return "\n".join(lines)
+    return "\n".join([*lines, *sample_lines(samples)])
 
 
 EVENTS = {

@@ -38,6 +38,7 @@ from sat_core.evaluation.cider_d import CiderD
 from sat_core.io import write_json_atomic
 from sat_core.models.encoder import Annotations
 from sat_core.training import distributed
+from sat_core.training.console import sample_lines
 from sat_core.training.trainer import Trainer
 
 SCST_CONFIG = "scst_config.json"  # beside train_config.json in the run folder
@@ -236,8 +237,7 @@ def _console_line(record: dict[str, Any], samples: list[tuple[str, str]]) -> str
              f"captions {record['greedy_reward']:.3f}; loss {record['loss']:.4f}/word; {record['words']:.1f} words a "
              f"sample; {record['captions_per_s']:.0f} samples/s (lr {record['lr']:.2g})  {val}  "
              f"best CIDEr {record.get('best_cider', 0):.3f}"]
-    lines += [f"  sample: {hyp or '(empty)'}  |  reference: {ref}" for hyp, ref in samples]
-    return "\n".join(lines)
+    return "\n".join([*lines, *sample_lines(samples)])
 
 
 def read_scst_config(run_dir: str | Path) -> SCSTConfig:
