@@ -371,18 +371,16 @@ class OptimConfig(Config):
         constant, cosine from lr to lr_final·lr over the rest of the epochs (``epochs``, when the time budget fits
         fewer than ``self.epochs``), or lr times ``plateau`` (the share the plateau cuts have left). ``lr`` is
         ``peak_lr(batch_size)`` when the batch is given."""
-        if batch_size is not None and self.lr_batch:
-            return dataclasses.replace(self, lr_batch=0, lr=self.peak_lr(batch_size)).lr_at(
-                step, steps_per_epoch, epochs, plateau)
+        lr = self.lr if batch_size is None else self.peak_lr(batch_size)
         warm = min((step + 1) / self.warmup_steps, 1.0) if self.warmup_steps else 1.0
         if self.lr_schedule == "plateau":
-            return self.lr * plateau * warm
+            return lr * plateau * warm
         if self.lr_schedule == "constant":
-            return self.lr * warm
+            return lr * warm
         total = (epochs or self.epochs) * steps_per_epoch - self.warmup_steps
         progress = min(max(step - self.warmup_steps, 0) / max(total, 1), 1.0)
         share = self.lr_final + (1 - self.lr_final) * 0.5 * (1 + math.cos(math.pi * progress))
-        return self.lr * share * warm
+        return lr * share * warm
 
 
 @dataclass(frozen=True)
