@@ -181,7 +181,7 @@ class SelfCritical(Trainer):
         filler = self.batch_in_epoch in self.fillers
         batch = batch.to(self.device)
         with self._autocast():
-            if self.features is not None:
+            if self.feed is not None:
                 feats = self._annotations([self.store.row_of[i] for i in batch.image_ids])  # (U, L, D)
                 annotations = Annotations(feats, self.grid)
             else:

@@ -72,9 +72,9 @@ class Trainer:
         self._read_dataset(resume)  # the JSON and the vocabulary: seconds
         self._build_model()  # encoder weights are found (or refused) before any image is decoded
         self._decode_images()
-        self.features = self._feature_cache()
+        features = self._feature_cache()  # None: every step encodes its images
         say = (lambda text: print(text, flush=True)) if self.main_process else None
-        self.feed = AnnotationFeed(self.features, self.device, cfg.data.resident, say) if self.features is not None else None
+        self.feed = AnnotationFeed(features, self.device, cfg.data.resident, say) if features is not None else None
         self.setup_s = time.perf_counter() - self.started
         self.epoch, self.batch_in_epoch, self.step = 0, 0, 0
         self.planned_epochs = cfg.optim.epochs  # fewer when the time budget cannot fit them (_fit_schedule)
@@ -107,6 +107,10 @@ class Trainer:
         if note := scaled_rate_note(cfg.optim, cfg.data.batch_size):
             print(note, flush=True)
         self._log({"event": "setup", "seconds": round(self.setup_s, 1), "images": len(self.store)})
+
+    @property
+    def features(self) -> torch.Tensor | None:  # the cached annotations (on the GPU when resident); None: none
+        return self.feed.features if self.feed is not None else None
 
     @property
     def _terms(self) -> list[str]:
@@ -335,7 +339,7 @@ class Trainer:
 
     def _forward(self, batch):
         """The teacher-forced pass over a batch, from cached annotations when there are."""
-        if self.features is not None:
+        if self.feed is not None:
             rows = [self.store.row_of[i] for i in batch.image_ids]
             feats = self._annotations(rows)  # (U, L, D)
             return self.train_model(None, batch.captions, feats=feats, image_index=batch.image_index)
@@ -403,7 +407,7 @@ class Trainer:
 
         refs, hyps, figures = {}, {}, []
         for ids, images in self.val_images:
-            if self.features is not None:  # the cache holds the validation split too: no encoder pass
+            if self.feed is not None:  # the cache holds the validation split too: no encoder pass
                 with torch.no_grad():
                     feats = self._annotations([self.store.row_of[i] for i in ids])  # (U, L, D)
                 inputs = Annotations(feats, self.grid)
