@@ -71,7 +71,7 @@ from typing import Any
 
 import torch
 
-from sat_core import native
+from sat_core import cli, native
 from sat_core.allocator import keep_freed_memory
 from sat_core.benchmarks.decoding import run_agreement, run_decode
 from sat_core.benchmarks.graphs import run_compile, run_graph
@@ -123,7 +123,7 @@ def _devices(name: str) -> list[torch.device]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sat_core.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=cli.prog("sat_core.bench"), description=__doc__.split("\n")[0])
     p.add_argument("what", choices=("train", "decode", "agreement", "compile", "graph", "startup", "formats"))
     p.add_argument("--device", default="auto", help="auto (CPU, and CUDA when present) | cpu | cuda")
     p.add_argument("--precision", default="all", choices=("all", *PRECISIONS),

@@ -149,7 +149,7 @@ def to_json(result: Captioned, *, hard: bool = False) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sat_core.caption", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=cli.prog("sat_core.caption"), description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (model.safetensors + config.json)")
     p.add_argument("images", nargs="+", metavar="IMAGE_OR_DIR",
                    help="image files (JPEG, PNG, …) or folders of them")

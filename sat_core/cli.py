@@ -10,9 +10,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
+from pathlib import Path
 from typing import Any
 
 from sat_core.config import Config, DecodeConfig
+
+
+def prog(module: str) -> str:
+    """The command's name in its usage line: the installed script's (``sat-ship``) when it was started as one,
+    else ``python -m <module>``."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return name if name.startswith("sat-") else f"python -m {module}"
 
 
 def add_flags(parser: argparse.ArgumentParser, config: Config, *, prefix: str = "",

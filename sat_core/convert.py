@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from sat_core import cli
 from sat_core.checkpoint import save_checkpoint
 from sat_core.config import ModelConfig, PreprocessConfig
 from sat_core.errors import CheckpointError, SatError
@@ -241,7 +242,7 @@ def write_converted(converted: Converted, out: str | Path, *, image_size: int = 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sat_core.convert", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=cli.prog("sat_core.convert"), description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="source", required=True, metavar="SOURCE")
     s = sub.add_parser("sgrvinod", help="sgrvinod's a-PyTorch-Tutorial-to-Image-Captioning",
                        description="Convert BEST_checkpoint_*.pth.tar + WORDMAP_*.json (read without running code).")

@@ -83,7 +83,7 @@ def _progress_bar():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sat_core.evaluate", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=cli.prog("sat_core.evaluate"), description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (model.safetensors + config.json)")
     p.add_argument("--data", required=True, help="Karpathy-format dataset JSON")
     p.add_argument("--images", required=True, help="folder holding the dataset's images")

@@ -30,7 +30,7 @@ from sat_core.training.checks import check_config
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sat_core.prepro", description=__doc__,
+    p = argparse.ArgumentParser(prog=cli.prog("sat_core.prepro"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="JSON file setting TrainConfig fields (a preset); flags given here override it")
     cli.add_flags(p, TrainConfig())

@@ -23,10 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sat_core import cli
 from sat_core.allocator import keep_freed_memory
 from sat_core.io import save_tensors_atomic, write_json_atomic
 from sat_core.config import ModelConfig, PreprocessConfig
-from sat_core.data.karpathy import ImageStore, load_karpathy, normalise
+from sat_core.data.imagestore import ImageStore, normalise
+from sat_core.data.karpathy import load_karpathy
 from sat_core.errors import DatasetError, SatError
 from sat_core.models.encoder import Encoder
 from sat_core.data.masks import rle_decode
@@ -103,7 +105,7 @@ def pretrain(data_path: str, images: str, out: Path, *, epochs: int, lr: float, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sat_core.pretrain", description=__doc__,
+    p = argparse.ArgumentParser(prog=cli.prog("sat_core.pretrain"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True)
     p.add_argument("--images", required=True)

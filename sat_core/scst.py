@@ -25,7 +25,7 @@ from sat_core.train import read_json, run_trainer
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sat_core.scst", description=__doc__,
+    p = argparse.ArgumentParser(prog=cli.prog("sat_core.scst"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the self-critical run in RUN_DIR where it stopped")
     p.add_argument("--overwrite", action="store_true",

@@ -33,7 +33,7 @@ from sat_core.training.trainer import Interrupted, Trainer
 
 def build_parser() -> argparse.ArgumentParser:
     """One flag per TrainConfig field (``--hard-entropy-weight``, ``--val-beam-size`` for nested ones)."""
-    p = argparse.ArgumentParser(prog="python -m sat_core.train", description=__doc__,
+    p = argparse.ArgumentParser(prog=cli.prog("sat_core.train"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="JSON file setting TrainConfig fields; flags given here override it")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR exactly where it stopped")

@@ -14,12 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+from sat_core import cli
 from sat_core.errors import SatError
 from sat_core.worlds.scenes.transforms import NAMES, write_suite
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sat_core.transforms", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=cli.prog("sat_core.transforms"), description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="a scenes world's dataset.json")
     p.add_argument("--images", help="the folder holding its images (default: the dataset.json's folder)")
     p.add_argument("--out", required=True, help="where to write one folder per transform")

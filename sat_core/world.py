@@ -10,6 +10,7 @@ import argparse
 import sys
 import time
 
+from sat_core import cli
 from sat_core.errors import SatError
 from sat_core.worlds import NAMES
 from sat_core.worlds.writer import CAPTION_ORDERS, SHIPPED_CAPTION_ORDER, generate
@@ -30,7 +31,7 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sat_core.world", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=cli.prog("sat_core.world"), description=__doc__.split("\n")[0])
     p.add_argument("--kind", choices=NAMES, default="shapes",
                    help="shapes: 112 px coloured shapes (fast); scenes: 224 px everyday objects in places")
     p.add_argument("--out", required=True, help="output folder (created if missing)")

@@ -240,3 +240,12 @@ def _namespace(values):
     for k, v in values.items():
         setattr(ns, k, v)
     return ns
+
+
+def test_a_command_names_itself_as_it_was_started(monkeypatch):
+    from sat_core.cli import prog
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/sat-ship", "--help"])
+    assert prog("sat_core.ship") == "sat-ship"
+    monkeypatch.setattr(sys, "argv", ["/repo/sat_core/ship.py", "--help"])  # python -m sat_core.ship
+    assert prog("sat_core.ship") == "python -m sat_core.ship"

@@ -16,13 +16,12 @@ from sat_core.data.karpathy import (
     BucketBatchSampler,
     CaptionDataset,
     EvalImages,
-    ImageStore,
     build_vocab,
     collate,
     load_karpathy,
     make_loader,
-    normalise,
 )
+from sat_core.data.imagestore import ImageStore, normalise
 from sat_core.errors import DatasetError
 from sat_core.data.vocab import SPECIALS
 

@@ -18,7 +18,8 @@ from sat_core import checkpoint as ckpt
 from sat_core import train
 from sat_core.training import trainer as training
 from sat_core.config import DecodeConfig
-from sat_core.data.karpathy import ImageStore, load_karpathy, normalise
+from sat_core.data.imagestore import ImageStore, normalise
+from sat_core.data.karpathy import load_karpathy
 from sat_core.decoding import beam_search
 from sat_core.io import read_tensors, save_tensors_atomic, write_json_atomic
 from tests.fixtures_world import CAPTIONS, make_dataset, train_args
@@ -473,7 +474,7 @@ def test_attention_targets_put_each_linked_word_on_its_objects_cells(tmp_path):
     without links are not supervised."""
     from sat_core.worlds import writer
     from sat_core.config import PreprocessConfig
-    from sat_core.data.karpathy import CaptionDataset, ImageStore, build_vocab, load_karpathy
+    from sat_core.data.karpathy import CaptionDataset, build_vocab, load_karpathy
     from sat_core.data.masks import rle_decode
     from sat_core.regions import cell_cover
     from sat_core.training.supervision import AttentionTargets

@@ -63,14 +63,15 @@ def draw_references(references: Sequence[str]) -> None:
 def decoding_note(beam: int, length_norm: float, max_len: int, *, evaluated: tuple[int, float] | None = None,
                   hard_mode: str = "expect", seed: int = 0) -> str:
     """How a caption was decoded, in words: the search, its settings, and whether that is the checkpoint's own
-    (evaluated) decoding — plain beam search of the paper's model, as the paper decodes."""
+    (evaluated) decoding — plain beam search, as the paper decodes. It speaks of the decoding only: whether the model
+    is the paper's is the supervised badge's to say."""
     search = "greedy decoding (beam size 1)" if beam == 1 else f"beam search, beam size {beam}"
     norm = "no length normalisation" if length_norm == 0 else f"length normalisation {length_norm:g}"
     text = f"Decoded by {search}, {norm}, at most {max_len} words"
     if hard_mode == "sample":
         text += f", one sampled attention location per step (seed {seed})"
     if evaluated is None or (beam, length_norm) == evaluated and hard_mode == "expect":
-        return text + ": the paper's decoding (plain beam search of the paper's model, as the checkpoint was evaluated)."
+        return text + ": the paper's decoding (plain beam search, as the checkpoint was evaluated)."
     changed = f"beam {evaluated[0]}, length normalisation {evaluated[1]:g}"
     return text + (f": changed in the sidebar from the decoding the checkpoint was evaluated with ({changed}); "
                    "*The paper's decoding* in the sidebar goes back to it.")

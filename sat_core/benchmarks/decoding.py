@@ -179,7 +179,8 @@ def run_agreement(checkpoint: str, data_path: str, images: str, split: str, beam
                   device: torch.device, limit: int = 0, length_norm: float = 0.0) -> dict[str, Any]:
     """Best captions in fp32 and bf16 for every image of ``split``: the share that agree, both BLEU-4s."""
     from sat_core.checkpoint import load_checkpoint
-    from sat_core.data.karpathy import EvalImages, ImageStore, load_karpathy, normalise
+    from sat_core.data.imagestore import ImageStore, normalise
+    from sat_core.data.karpathy import EvalImages, load_karpathy
     from sat_core.evaluation.metrics import caption_metrics
 
     loaded = load_checkpoint(checkpoint)

@@ -1,7 +1,7 @@
 """Karpathy-format caption datasets and length-bucketed batches.
 
 Flow: ``load_karpathy`` reads the split JSON -> ``build_vocab`` counts the train split ->
-``ImageStore`` decodes every image once (through ``sat_core.data.images``) into a uint8 cache in RAM, or
+``imagestore.ImageStore`` decodes every image once (through ``sat_core.data.images``) into a uint8 cache in RAM, or
 ``data.cache`` memory-maps the one written on disk by an earlier run ->
 ``CaptionDataset`` has one item per caption -> ``make_loader`` batches captions of equal length
 (the paper's bucketing), so no step or loss is spent on padding, and each image of a batch is
@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from sat_core.data.imagestore import ImageRows, ImageStore, normalise  # noqa: F401 (their old home)
+from sat_core.data.imagestore import ImageRows
 from sat_core.data.vocab import Vocab
 from sat_core.errors import DatasetError
 

@@ -30,7 +30,7 @@ import torch
 
 from sat_core.checkpoint import load_checkpoint
 from sat_core.config import Config, DecodeConfig, TrainConfig, option
-from sat_core.data.karpathy import normalise
+from sat_core.data.imagestore import normalise
 from sat_core.data.vocab import Vocab
 from sat_core.decoding import beam_search
 from sat_core.errors import SatError

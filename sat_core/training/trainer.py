@@ -21,9 +21,8 @@ import torch
 
 from sat_core import checkpoint as ckpt
 from sat_core.config import TrainConfig
-from sat_core.data.karpathy import (
-    CaptionDataset, EvalImages, ImageStore, build_vocab, load_karpathy, normalise,
-)
+from sat_core.data.imagestore import ImageStore, normalise
+from sat_core.data.karpathy import CaptionDataset, EvalImages, build_vocab, load_karpathy
 from sat_core.data.vocab import Vocab
 from sat_core.decoding import beam_search, pick_device
 from sat_core.errors import SatError

@@ -16,7 +16,7 @@ from sat_core.decoding import DecodeSession, beam_search
 from sat_core.data.images import load_image, preprocess
 
 from explorer.dev.browser import (
-    choose_option, choose_upload, click_button, click_key, go_to, shoot, upload, wait_for_text, wait_idle,
+    choose_option, choose_upload, click_key, go_to, shoot, upload, wait_for_text, wait_idle,
 )
 from tests.browser.conftest import ARTIFACTS, FIRST_PAGE_S, RUN_LOG, TIMEOUT_S, BrowserEnv
 from tests.explorer.conftest import photo_jpeg

@@ -203,7 +203,7 @@ def test_photo_upload_warns_by_the_encoders_view_when_colours_look_familiar(expl
     from PIL import Image
 
     from sat_core.evaluation.card import annotation_statistics
-    from sat_core.checkpoint import load_checkpoint, save_checkpoint
+    from sat_core.checkpoint import save_checkpoint
     from sat_core.evaluation.domain import ANNOTATION_MARGIN, AnnotationReference, DomainReference, mean_annotations
 
     from sat_core.config import ModelConfig, PreprocessConfig

@@ -9,7 +9,7 @@ pytest.importorskip("streamlit")  # the app's tests: skipped where streamlit is 
 
 from tests.explorer.test_pages import open_page
 
-PAPER = "the paper's decoding (plain beam search of the paper's model"
+PAPER = "the paper's decoding (plain beam search, as the checkpoint was evaluated)"
 PAGES = ["caption", "step", "compare", "score", "elsewhere", "errors", "teach", "card"]
 
 
