@@ -35,6 +35,7 @@ import torch
 from sat_core.evaluation import card
 from sat_core.allocator import keep_freed_memory
 from sat_core import checkpoint as ckpt
+from sat_core import cli
 from sat_core.config import DecodeConfig, TrainConfig
 from sat_core.data.karpathy import KarpathyData, load_karpathy
 from sat_core.errors import SatError
@@ -322,8 +323,9 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
     chosen = "the shipped epoch (table below)"
     supervised = cfg.optim.attention_lambda
     if hard and hard.reinforce_weight != 1.0:
-        chosen = (f"λ_r = {hard.reinforce_weight:g} against the paper's 1, by validation BLEU-4 "
-                  f"{'for `scenes_hard` (taken over unchanged) ' if supervised else ''}"
+        chosen = (f"λ_r = {hard.reinforce_weight:g} against the paper's 1 by validation BLEU-4, and batches of "
+                  f"{cfg.data.batch_size} captions against 256 by validation BLEU-4, precision / recall and counts "
+                  f"{'for `scenes_hard` (both taken over unchanged) ' if supervised else ''}"
                   "(docs/EXPERIMENTS.md), and the shipped epoch (table below)")
     added = ("nothing added" if not supervised else
              f"plus one term **not in the paper**: supervised attention (Liu et al., 2017; λ_a = {supervised:g}, "
@@ -376,7 +378,7 @@ def _scenes_encoder(cfg: TrainConfig) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sat_core.ship", description=__doc__,
+    p = argparse.ArgumentParser(prog=cli.prog("sat_core.ship"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=NAMES)
     p.add_argument("--skip-train", action="store_true", help="package the existing run directory")
