@@ -320,13 +320,17 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
                  f"{'half' if hard.mix_soft_prob == 0.5 else f'{hard.mix_soft_prob:g}'} of the captions)"
                  if hard else f"soft attention with the doubly stochastic penalty (λ = {cfg.optim.dsa_lambda:g}, the "
                  "authors' value against a per-caption sum)")
-    chosen = "the shipped epoch (table below)"
     supervised = cfg.optim.attention_lambda
+    recipe = []  # the hard recipe's choices made on validation (docs/EXPERIMENTS.md), each only where it was made
     if hard and hard.reinforce_weight != 1.0:
-        chosen = (f"λ_r = {hard.reinforce_weight:g} against the paper's 1 by validation BLEU-4, and batches of "
-                  f"{cfg.data.batch_size} captions against 256 by validation BLEU-4, precision / recall and counts "
-                  f"{'for `scenes_hard` (both taken over unchanged) ' if supervised else ''}"
-                  "(docs/EXPERIMENTS.md), and the shipped epoch (table below)")
+        recipe.append(f"λ_r = {hard.reinforce_weight:g} against the paper's 1 by validation BLEU-4")
+    if hard and cfg.data.batch_size != 256:
+        recipe.append(f"batches of {cfg.data.batch_size} captions against 256 by validation BLEU-4, precision / "
+                      "recall and counts")
+    chosen = "the shipped epoch (table below)"
+    if recipe:
+        taken = f"for `scenes_hard` ({'both ' if len(recipe) > 1 else ''}taken over unchanged) " if supervised else ""
+        chosen = f"{', and '.join(recipe)} {taken}(docs/EXPERIMENTS.md), and {chosen}"
     added = ("nothing added" if not supervised else
              f"plus one term **not in the paper**: supervised attention (Liu et al., 2017; λ_a = {supervised:g}, "
              "fixed before training), the cross-entropy from each named object's cells to α, taught with the "
