@@ -321,7 +321,10 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
                  if hard else f"soft attention with the doubly stochastic penalty (λ = {cfg.optim.dsa_lambda:g}, the "
                  "authors' value against a per-caption sum)")
     supervised = cfg.optim.attention_lambda
-    recipe = []  # the hard recipe's choices made on validation (docs/EXPERIMENTS.md), each only where it was made
+    recipe = []  # the recipe's choices made on validation (docs/EXPERIMENTS.md), each only where it was made
+    if cfg.model.tune_blocks:
+        recipe.append(f"the encoder's last {cfg.model.tune_blocks} blocks trained against a frozen encoder by "
+                      "validation BLEU-4, precision / recall and counts")
     if hard and hard.reinforce_weight != 1.0:
         recipe.append(f"λ_r = {hard.reinforce_weight:g} against the paper's 1 by validation BLEU-4")
     if hard and cfg.data.batch_size != 256:
@@ -329,12 +332,17 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
                       "recall and counts")
     chosen = "the shipped epoch (table below)"
     if recipe:
-        taken = f"for `scenes_hard` ({'both ' if len(recipe) > 1 else ''}taken over unchanged) " if supervised else ""
+        paper = "scenes_hard" if hard else "scenes_soft"
+        taken = (f"for `{paper}` ({'all ' if len(recipe) > 2 else 'both ' if len(recipe) > 1 else ''}taken over "
+                 "unchanged) " if supervised else "")
         chosen = f"{', and '.join(recipe)} {taken}(docs/EXPERIMENTS.md), and {chosen}"
     added = ("nothing added" if not supervised else
              f"plus one term **not in the paper**: supervised attention (Liu et al., 2017; λ_a = {supervised:g}, "
              "fixed before training), the cross-entropy from each named object's cells to α, taught with the "
              "world's masks")
+    tuned = (f"frozen but for its last {cfg.model.tune_blocks} blocks, trained with the decoder at "
+             f"{cfg.optim.encoder_lr_scale:g} of its learning rate" if cfg.model.tune_blocks
+             else "frozen (as the paper froze its VGG)")
     return [
         "",
         "## Choices",
@@ -342,7 +350,7 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
         f"{', the gate β' if not hard else ''}, the deep output layer; {objective}. Decoded by plain beam search "
         "with length normalisation.",
         "- Recipe choices that change neither the model nor the objective: ImageNet-pretrained EfficientNet-Lite0 "
-        "read at its stride-16 stage and frozen (as the paper froze its VGG), Adam with a cosine schedule, batches "
+        f"read at its stride-16 stage, {tuned}, Adam with a cosine schedule, batches "
         f"of {cfg.data.batch_size} captions (an image's captions together), the scenes world's degraded training pictures "
         "(about a third: JPEG, grayscale, blur, exposure).",
         f"- Fixed before training and read on no split: every other setting above, beam {cfg.val.beam_size} and "
