@@ -252,12 +252,16 @@ def test_the_scenes_card_shows_the_sets_off_the_generator_beside_the_test_split_
     assert "nothing added" in soft and "not in the paper" not in soft
     assert "frozen but for its last 3 blocks, trained with the decoder at 0.1 of its learning rate" in soft
     assert "last 3 blocks trained against a frozen encoder by validation" in soft
-    assert "frozen (as the paper froze its VGG)" in text and "blocks trained against" not in text
+    preset = json.loads(ship.preset_path("scenes_hard").read_text())
+    frozen = ship.model_card("scenes_hard", TrainConfig.from_dict({**preset, "model": {**preset["model"],
+                                                                                     "tune_blocks": 0}}), {}, metrics)
+    assert "frozen (as the paper froze its VGG)" in frozen and "blocks trained against" not in frozen
+    assert "frozen (as the paper froze its VGG)" not in soft
     for kind in ("soft", "hard"):  # a supervised card never calls itself the paper's objective alone
         name = f"scenes_{kind}_supervised"
         card = ship.model_card(name, TrainConfig.from_dict(json.loads(ship.preset_path(name).read_text())), {}, metrics)
         assert "nothing added" not in card and "plus one term **not in the paper**: supervised attention" in card
-        taken = "both taken over unchanged" if kind == "hard" else "taken over unchanged"
+        taken = "all taken over unchanged" if kind == "hard" else "taken over unchanged"
         assert f"for `scenes_{kind}` ({taken})" in card
     plain = ship.model_card("shapes_soft", TrainConfig.from_dict(json.loads(ship.preset_path("shapes_soft").read_text())),
                             {}, METRICS)
