@@ -332,9 +332,7 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
                       "recall and counts")
     chosen = "the shipped epoch (table below)"
     if recipe:
-        paper = "scenes_hard" if hard else "scenes_soft"
-        taken = (f"for `{paper}` ({'all ' if len(recipe) > 2 else 'both ' if len(recipe) > 1 else ''}taken over "
-                 "unchanged) " if supervised else "")
+        taken = f"for `scenes_{'hard' if hard else 'soft'}` (taken over unchanged) " if supervised else ""
         chosen = f"{'; '.join(recipe)} {taken}(docs/EXPERIMENTS.md); and {chosen}"
     added = ("nothing added" if not supervised else
              f"plus one term **not in the paper**: supervised attention (Liu et al., 2017; λ_a = {supervised:g}, "

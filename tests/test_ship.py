@@ -261,8 +261,7 @@ def test_the_scenes_card_shows_the_sets_off_the_generator_beside_the_test_split_
         name = f"scenes_{kind}_supervised"
         card = ship.model_card(name, TrainConfig.from_dict(json.loads(ship.preset_path(name).read_text())), {}, metrics)
         assert "nothing added" not in card and "plus one term **not in the paper**: supervised attention" in card
-        taken = "all taken over unchanged" if kind == "hard" else "taken over unchanged"
-        assert f"for `scenes_{kind}` ({taken})" in card
+        assert f"for `scenes_{kind}` (taken over unchanged)" in card
     plain = ship.model_card("shapes_soft", TrainConfig.from_dict(json.loads(ship.preset_path("shapes_soft").read_text())),
                             {}, METRICS)
     assert "Off the generator" not in plain and "## Choices" not in plain
