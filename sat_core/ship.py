@@ -265,6 +265,7 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
     tr = metrics["training"]
     scenes = name.startswith("scenes_")
     encoder = _scenes_encoder(cfg) if scenes else _shapes_encoder(cfg, tr.get("encoder_minutes", "n/a"))
+    frozen_part = "encoder's frozen blocks" if cfg.model.tune_blocks else "frozen encoder"  # what setup ran once
     about = [
         *(_SCENES_ABOUT if scenes else _SHAPES_ABOUT),
         "",
@@ -278,7 +279,7 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
            f"{cfg.model.hard.mix_soft_prob}."),
         f"- Training: {tr['epochs']} epochs, {tr['train_minutes']} min"
         + ("" if scenes else " on this project's 2-core CPU (one thread)")
-        + (f" after {tr['setup_minutes']} min reading the images and running the frozen encoder once"
+        + (f" after {tr['setup_minutes']} min reading the images and running the {frozen_part} once"
            if tr.get("setup_minutes") is not None else "")
         + f", {tr['captions_per_s']} captions/s; best validation BLEU-4 {tr['best_val_bleu4']} "
         f"at epoch {tr['best_epoch']}"

@@ -174,6 +174,9 @@ def test_the_card_says_how_long_the_setup_took_when_the_log_kept_it(tmp_path):
     assert summary["setup_minutes"] == 2.0 and summary["train_minutes"] == 1.0
     cfg = TrainConfig.from_dict(json.loads(ship.preset_path("scenes_soft").read_text()))
     text = ship.model_card("scenes_soft", cfg, {}, {**METRICS, "training": {**METRICS["training"], **summary}})
+    assert "1 epochs, 1.0 min after 2.0 min reading the images and running the encoder's frozen blocks once" in text
+    frozen = TrainConfig.from_dict({**cfg.to_dict(), "model": {**cfg.to_dict()["model"], "tune_blocks": 0}})
+    text = ship.model_card("scenes_soft", frozen, {}, {**METRICS, "training": {**METRICS["training"], **summary}})
     assert "1 epochs, 1.0 min after 2.0 min reading the images and running the frozen encoder once" in text
     (run / "log.jsonl").write_text(json.dumps(lines[1]) + "\n")  # a log from before setups were kept
     assert "setup_minutes" not in ship.training_summary(run)
