@@ -112,3 +112,38 @@ def test_the_encoders_view_flags_photos_that_the_colour_statistics_let_through(t
         assert not reference.check(photo).annotation_ratio  # no annotation given: not checked
     assert DomainReference.from_dict(reference.to_dict()).annotations.reach == pytest.approx(
         reference.annotations.reach)
+
+
+def _jpeg(image: Image.Image, quality: int) -> Image.Image:
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=quality)
+    return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
+
+
+def test_heavy_jpeg_compression_is_warned_about_and_light_compression_is_not(explorer_env):
+    """The 8×8 blocks of a picture saved at quality 20 stand out; at quality 90, or never compressed, they do not."""
+    from sat_core.evaluation.domain import BLOCKINESS_WARN, blockiness
+
+    reference = DomainReference.from_images(_scenes(explorer_env, "train"))
+    for scene in _scenes(explorer_env, "test")[:6]:
+        assert blockiness(scene) < 1.5
+        assert blockiness(_jpeg(scene, 90)) < BLOCKINESS_WARN
+        heavy = _jpeg(scene, 20)
+        assert blockiness(heavy) > BLOCKINESS_WARN
+        check = reference.check(heavy)
+        assert check.far and check.blockiness == pytest.approx(blockiness(heavy))
+        assert any("heavily JPEG-compressed" in r for r in check.reasons)
+        assert not any("JPEG" in r for r in reference.check(scene).reasons)
+
+
+def test_blockiness_reads_the_block_grid_of_a_large_image_in_its_central_window():
+    from skimage import data
+
+    from sat_core.evaluation.domain import BLOCKINESS_WARN, blockiness
+
+    large = _photo("astronaut").resize((2000, 1504))  # larger than the measured window both ways
+    assert blockiness(large) < 1.5
+    assert blockiness(_jpeg(large, 10)) > BLOCKINESS_WARN
+    shifted = _jpeg(large, 10).crop((3, 5, 2000, 1504))  # cut off the grid: its borders no longer fall on 8k
+    assert blockiness(shifted) < BLOCKINESS_WARN
+    assert blockiness(Image.fromarray(data.camera()[:12, :12])) == 1.0  # narrower than two blocks: no reading

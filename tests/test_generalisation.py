@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -124,7 +125,8 @@ def test_a_missing_suite_is_an_error_that_says_how_to_write_it(world_and_model, 
 
 def test_warned_share_counts_the_images_the_domain_check_warns_about(world_and_model, tmp_path):
     """With the checkpoint's domain statistics taken from the world's own pictures, its pictures are not
-    warned about and grey noise is."""
+    warned about, except the one training picture the world degraded with JPEG at quality 20; grey noise and
+    pictures squeezed through JPEG at quality 10 are."""
     from PIL import Image
 
     from sat_core.evaluation.domain import DomainReference
@@ -135,7 +137,10 @@ def test_warned_share_counts_the_images_the_domain_check_warns_about(world_and_m
     pictures = [Image.open(r.path).convert("RGB") for r in data.images]
     loaded.config.setdefault("training", {})["domain"] = DomainReference.from_images(pictures).to_dict()
     indices = list(range(len(data.images)))
-    assert warned_share(loaded, data, indices) == 0.0
+    degraded = [e.get("degraded", "") for e in json.loads(path.read_text())["images"]]
+    assert degraded.count("jpeg 20") == 1 and not any(d.startswith("jpeg") and d != "jpeg 20" for d in degraded)
+    assert warned_share(loaded, data, indices) == 1 / len(indices)
+    assert warned_share(loaded, data, [degraded.index("jpeg 20")]) == 1.0
     noise = tmp_path / "noise"
     noise.mkdir()
     rng = np.random.default_rng(0)
@@ -145,5 +150,14 @@ def test_warned_share_counts_the_images_the_domain_check_warns_about(world_and_m
     noisy = KarpathyData([ImageRecord(noise / r.path.name, r.split, r.sentences, r.raw, r.id, r.karpathy_split)
                           for r in data.images], noise / "dataset.json", noise)
     assert warned_share(loaded, noisy, indices) == 1.0
+    squeezed = tmp_path / "jpeg"  # the same pictures through JPEG at quality 10, saved losslessly again
+    squeezed.mkdir()
+    for r in data.images:
+        buffer = io.BytesIO()
+        Image.open(r.path).convert("RGB").save(buffer, format="JPEG", quality=10)
+        Image.open(buffer).save(squeezed / r.path.name)
+    jpeg = KarpathyData([ImageRecord(squeezed / r.path.name, r.split, r.sentences, r.raw, r.id, r.karpathy_split)
+                         for r in data.images], squeezed / "dataset.json", squeezed)
+    assert warned_share(loaded, jpeg, indices) == 1.0
     loaded.config["training"].pop("domain")
     assert warned_share(loaded, data, indices) is None

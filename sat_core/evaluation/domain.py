@@ -1,9 +1,11 @@
-"""How far an image is from a model's training images: two nearest-neighbour checks.
+"""How far an image is from a model's training images: two nearest-neighbour checks and a JPEG check.
 
 The explorer warns when an uploaded image looks unlike the images the model was trained on: by its
 colour statistics, and by what the model's own encoder makes of it (its mean annotation vector).
 Colour catches photos against the flat shapes world; the encoder catches them against the scenes
-world, whose textured places and lighting cover a photo's colour statistics.
+world, whose textured places and lighting cover a photo's colour statistics. Heavy JPEG compression is
+warned about whatever the training images were: its 8×8 blocks stand out, and the models name fewer
+objects on such pictures (docs/EXPERIMENTS.md, 2026-11-28).
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ _COLOURED_MIN_SHARE = 0.005  # under this share of strongly coloured pixels an i
 _GREY_REFERENCE_BIN0 = 0.995  # a reference whose saturation histogram lies this much in its lowest bin is grey
 GREY_REFERENCES_MAX = 0.25  # a grey image is warned about while fewer of the references than this are grey
 ANNOTATION_MARGIN = 1.2  # warn when the nearest training image is this many times farther than usual
+# Warn when luminance changes this many times more across JPEG's block borders than inside the blocks: the lowest
+# of 1.4, 1.5, … 2.2 that warns about at most 1 % of the 400 validation scenes as rendered. There it warns about
+# 77 % of them re-encoded at quality 50, 98 % at 30 and 99 % at 20, where the paper models' recall has fallen by
+# 0.02–0.03, 0.02–0.04 and 0.03–0.07 (docs/EXPERIMENTS.md, 2026-11-28).
+BLOCKINESS_WARN = 1.6
+_BLOCK = 8  # JPEG's block side in px
+_BLOCKINESS_SIDE = 1024  # px: the central window (on the block grid) that is measured in a larger image
 _ENCODE_BATCH = 16
 
 
@@ -43,6 +52,29 @@ def coloured_share(image: Image.Image) -> float:
     """Share of strongly coloured pixels (HSV saturation > 0.5 and value > 0.3)."""
     hsv = np.asarray(image.convert("RGB").convert("HSV"), dtype=np.float64) / 255.0  # (H, W, 3)
     return float(((hsv[..., 1] > 0.5) & (hsv[..., 2] > 0.3)).mean())
+
+
+def blockiness(image: Image.Image) -> float:
+    """Mean |luminance step| across the 8-px block borders over the mean step inside the blocks, rows and
+    columns averaged: about 1 for a picture never JPEG-compressed or saved at quality 90 or more. The scenes
+    world's smooth surfaces read 1.8 at quality 50 and 2.6 at 20 (medians); a textured photograph reads less
+    at the same quality (1.3–1.5 at 50, 1.7–2.1 at 20). Measured on the image as it came, whose block grid
+    starts at its top-left pixel; a larger image is measured on its central window of at most 1024 px a
+    side, cut on that grid."""
+    grey = np.asarray(image.convert("L"), dtype=np.float32)  # (H, W)
+    for axis in (0, 1):
+        size = grey.shape[axis]
+        if size > _BLOCKINESS_SIDE:
+            start = (size - _BLOCKINESS_SIDE) // 2 // _BLOCK * _BLOCK
+            grey = grey.take(np.arange(start, start + _BLOCKINESS_SIDE), axis=axis)
+    if min(grey.shape) < 2 * _BLOCK:  # no block lies between two borders: nothing to compare
+        return 1.0
+    ratios = []
+    for plane in (grey, grey.T):  # steps along rows, then along columns
+        steps = np.abs(np.diff(plane, axis=1))  # (H, W - 1): steps[:, x] lies between columns x and x + 1
+        border = np.arange(steps.shape[1]) % _BLOCK == _BLOCK - 1
+        ratios.append(float(steps[:, border].mean()) / max(float(steps[:, ~border].mean()), 0.5))
+    return float(np.mean(ratios))
 
 
 def mean_annotations(model: Any, tensors: Any) -> np.ndarray:
@@ -110,6 +142,7 @@ class DomainCheck:
     reasons: list[str]  # empty when the image looks like the training data
     source: str = "the training images"  # what it was compared with
     annotation_ratio: float | None = None  # AnnotationReference.ratio; None when not checked
+    blockiness: float | None = None  # ``blockiness`` of the image; None when not checked
 
     @property
     def far(self) -> bool:
@@ -170,6 +203,12 @@ class DomainReference:
             )
         if share < _COLOURED_MIN_SHARE:
             reasons += self._grey_reasons(share, bool(features[0] >= _GREY_REFERENCE_BIN0))
+        blocks = blockiness(image)
+        if blocks > BLOCKINESS_WARN:
+            reasons.append(
+                f"it is heavily JPEG-compressed: its 8×8 blocks show, the luminance changing {blocks:.1f}× as much "
+                f"across their borders as inside them (it warns above {BLOCKINESS_WARN:.1f}×); on such pictures the "
+                "scenes models name fewer of the objects")
         ratio = None
         if self.annotations is not None and annotation is not None:
             ratio = self.annotations.ratio(annotation)
@@ -178,7 +217,7 @@ class DomainReference:
                     f"what the model's encoder makes of it lies {ratio:.2f}× as far from the nearest of "
                     f"{len(self.annotations.features)} reference images as the loneliest reference image "
                     f"lies from the rest (it warns above {self.annotations.margin:.1f}×)")
-        return DomainCheck(dist, self.threshold, share, reasons, self.source, ratio)
+        return DomainCheck(dist, self.threshold, share, reasons, self.source, ratio, blocks)
 
     def grey_references(self) -> int:
         """How many reference images are grey (their saturation histogram all in its lowest bin)."""
