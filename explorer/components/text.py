@@ -26,19 +26,28 @@ def draw_caption(words: Sequence[str], current: int | None = None, forced: Colle
     st.markdown(f"{prefix}{caption_markdown(words, current, forced)}", unsafe_allow_html=True)
 
 
-def draw_domain_warning(knows: str, reasons: Sequence[str], source: str, confidence: float | None = None) -> None:
+def draw_domain_warning(knows: str, reasons: Sequence[str], source: str, confidence: float | None = None, *,
+                        compressed_only: bool = False) -> None:
     """The out-of-domain notice beside a caption, in plain words: the picture is unlike the model's training
-    pictures, what the model can name (``knows``), and, folded away, the measurements behind the notice."""
+    pictures, what the model can name (``knows``), and, folded away, the measurements behind the notice. When
+    heavy JPEG compression is the only reason (``compressed_only``), the notice says that instead."""
     conf = (f" Its words here are {confidence:.0%} likely on average, but that says how sure it is of its own "
             "words, not whether they are true." if confidence is not None else "")
-    st.warning(
-        f"**This picture looks unlike the pictures this model learnt from, so read its caption as a guess.** "
-        f"The model can only name what its training captions named: {knows}. Anything else in the picture it "
-        f"describes with those words anyway.{conf}",
-        icon="⚠️",
-    )
-    with st.expander("Why the app thinks the picture is unfamiliar"):
-        st.markdown(f"Compared with {source}: " + "; ".join(reasons) + ".")
+    if compressed_only:
+        st.warning(f"**This picture is heavily JPEG-compressed, so its caption may miss objects.** Compression "
+                   f"blurs small objects into their 8×8 blocks; a less compressed copy reads better.{conf}",
+                   icon="⚠️")
+    else:
+        st.warning(
+            f"**This picture looks unlike the pictures this model learnt from, so read its caption as a guess.** "
+            f"The model can only name what its training captions named: {knows}. Anything else in the picture it "
+            f"describes with those words anyway.{conf}",
+            icon="⚠️",
+        )
+    with st.expander("Why the app thinks the picture is unfamiliar" if not compressed_only else
+                     "How the app measured the compression"):
+        st.markdown(f"Compared with {source}: " + "; ".join(reasons) + "." if not compressed_only else
+                    reasons[0][0].upper() + reasons[0][1:] + ".")
 
 
 def draw_help(title: str, body: str) -> None:

@@ -113,7 +113,8 @@ def main() -> None:
             except SatError:  # no statistics and no gallery to compare with: say nothing rather than guess
                 check = None
             if check is not None and check.far:
-                draw_domain_warning(model_knowledge(loaded), check.reasons, check.source, confidence)
+                draw_domain_warning(model_knowledge(loaded), check.reasons, check.source, confidence,
+                                    compressed_only=check.compressed_only)
         st.markdown(f"**The beam's {len(hyps)} hypotheses** (beam size {ctx.decode.beam_size})")
         draw_beam_table(hyps, [read_back(ctx, h) for h in hyps], ctx.decode.length_norm)
         draw_references(image.references)

@@ -148,6 +148,11 @@ class DomainCheck:
     def far(self) -> bool:
         return bool(self.reasons)
 
+    @property
+    def compressed_only(self) -> bool:
+        """Warned about for heavy JPEG compression alone: the content may well be familiar."""
+        return len(self.reasons) == 1 and self.blockiness is not None and self.blockiness > BLOCKINESS_WARN
+
 
 @dataclass
 class DomainReference:

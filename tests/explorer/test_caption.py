@@ -115,6 +115,24 @@ def test_bad_upload_shows_the_loader_message_then_a_good_one_captions(app, explo
     assert "scene" not in app.query_params  # uploads cannot travel in links
 
 
+def test_a_heavily_compressed_scene_is_warned_about_for_its_compression_alone(app, explorer_env):
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    scene = Image.open(explorer_env.scene_path(explorer_env.test_ids()[1])).convert("RGB")
+    scene.save(buffer, format="JPEG", quality=15)
+    app.sidebar.radio(key="source").set_value("Upload").run()
+    app.file_uploader[0].set_value(("squeezed.jpg", buffer.getvalue(), "image/jpeg")).run()
+    warnings = [w.value for w in app.warning]
+    assert any(w.startswith("**This picture is heavily JPEG-compressed, so its caption may miss objects.**")
+               for w in warnings), warnings
+    assert not any("looks unlike the pictures" in w for w in warnings)
+    assert any(m.value.startswith("It is heavily JPEG-compressed: its 8×8 blocks show") for m in app.markdown)
+    assert caption_shown(app)
+
+
 def test_photo_upload_warns_that_captions_are_not_meaningful(app):
     app.sidebar.radio(key="source").set_value("Upload").run()
     app.file_uploader[0].set_value(("astronaut.jpg", photo_jpeg(), "image/jpeg")).run()
