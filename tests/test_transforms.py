@@ -169,3 +169,28 @@ def test_write_suite_writes_every_set_as_a_dataset(tmp_path):
         assert (np.asarray(Image.open(paths["hflip"].parent / "test" / f["filename"])) == original[:, ::-1]).all()
     grey = json.loads(paths["grayscale"].read_text())["images"]
     assert [g["sentences"] for g in grey] == [s["sentences"] for s in source], "photometric: the same references"
+
+
+def test_the_cli_writes_a_jpeg_set_of_another_quality_over_the_validation_split(tmp_path, capsys):
+    from PIL import Image
+
+    from sat_core.transforms import main
+
+    path = writer.generate(tmp_path / "scenes", 0, 3, 0, seed=4, workers=1, kind="scenes")
+    errors = {}
+    for quality in (10, 50):
+        out = tmp_path / f"q{quality}"
+        assert main(["--data", str(path), "--out", str(out), "--split", "val", "--only", "jpeg",
+                     "--jpeg-quality", str(quality)]) == 0
+        assert [p.parent.name for p in out.glob("*/dataset.json")] == ["jpeg"]
+        doc = json.loads((out / "jpeg" / "dataset.json").read_text())
+        assert len(doc["images"]) == 3 and {e["split"] for e in doc["images"]} == {"val"}
+        entry = doc["images"][0]
+        original = np.asarray(Image.open(path.parent / entry["filepath"] / entry["filename"]).convert("RGB"))
+        again, _ = jpeg(original, [], quality=quality)
+        written = np.asarray(Image.open(out / "jpeg" / "val" / entry["filename"]))
+        assert (written == again).all()
+        errors[quality] = np.abs(written.astype(int) - original).mean()
+    assert errors[10] > errors[50]  # the lower quality loses more
+    assert main(["--data", str(path), "--out", str(tmp_path / "bad"), "--only", "jpeg", "--jpeg-quality", "0"]) == 2
+    assert "JPEG quality 0 is outside 1–95" in capsys.readouterr().err

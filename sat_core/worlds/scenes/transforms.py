@@ -29,6 +29,7 @@ import io
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -139,12 +140,12 @@ def brightness(image: np.ndarray, objects: Objects) -> tuple[np.ndarray, Objects
     return np.clip(np.rint(image * BRIGHTNESS), 0, 255).astype(np.uint8), objects
 
 
-def jpeg(image: np.ndarray, objects: Objects) -> tuple[np.ndarray, Objects]:
-    """The image saved as JPEG at ``JPEG_QUALITY`` and decoded again."""
+def jpeg(image: np.ndarray, objects: Objects, quality: int = JPEG_QUALITY) -> tuple[np.ndarray, Objects]:
+    """The image saved as JPEG at ``quality`` (the suite's: ``JPEG_QUALITY``) and decoded again."""
     from PIL import Image
 
     buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, format="JPEG", quality=JPEG_QUALITY)
+    Image.fromarray(image).save(buffer, format="JPEG", quality=quality)
     buffer.seek(0)
     return np.asarray(Image.open(buffer).convert("RGB")), objects
 
@@ -210,16 +211,20 @@ def _read(dataset_json: Path, split: str) -> tuple[dict[str, Any], list[dict[str
 
 
 def write_suite(dataset_json: str | Path, images_root: str | Path, out_dir: str | Path, split: str = "test",
-                *, names: tuple[str, ...] = NAMES) -> dict[str, Path]:
+                *, names: tuple[str, ...] = NAMES, jpeg_quality: int = JPEG_QUALITY) -> dict[str, Path]:
     """Write ``out_dir/<transform>/dataset.json`` and its images for each transform of the suite, over the
     ``split`` of a scenes dataset whose images lie under ``images_root``; returns name -> dataset.json path.
+    ``jpeg_quality`` replaces the suite's quality 20 (to see how recall falls with compression, on validation).
 
     An image whose every object a crop drops is left out of that transform's set (listed in its
     dataset.json under ``dropped``)."""
     from PIL import Image
 
+    if not 1 <= jpeg_quality <= 95:
+        raise DatasetError(f"JPEG quality {jpeg_quality} is outside 1–95 (PIL's range; 20 is the suite's).")
     doc, entries = _read(Path(dataset_json), split)
-    shifts = [s for s in SUITE if s.name in names]
+    shifts = [Shift(s.name, partial(jpeg, quality=jpeg_quality), False) if s.name == "jpeg" else s
+              for s in SUITE if s.name in names]
     out_dir = Path(out_dir)
     written: dict[str, list[dict[str, Any]]] = {s.name: [] for s in shifts}
     dropped: dict[str, list[str]] = {s.name: [] for s in shifts}
