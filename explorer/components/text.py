@@ -34,20 +34,18 @@ def draw_domain_warning(knows: str, reasons: Sequence[str], source: str, confide
     conf = (f" Its words here are {confidence:.0%} likely on average, but that says how sure it is of its own "
             "words, not whether they are true." if confidence is not None else "")
     if compressed_only:
-        st.warning(f"**This picture is heavily JPEG-compressed, so its caption may miss objects.** Compression "
-                   f"blurs small objects into their 8×8 blocks; a less compressed copy reads better.{conf}",
-                   icon="⚠️")
+        headline = (f"**This picture is heavily JPEG-compressed, so its caption may miss objects.** Compression "
+                    f"blurs small objects into their 8×8 blocks; a less compressed copy reads better.{conf}")
+        title, why = "How the app measured the compression", reasons[0][0].upper() + reasons[0][1:] + "."
     else:
-        st.warning(
-            f"**This picture looks unlike the pictures this model learnt from, so read its caption as a guess.** "
-            f"The model can only name what its training captions named: {knows}. Anything else in the picture it "
-            f"describes with those words anyway.{conf}",
-            icon="⚠️",
-        )
-    with st.expander("Why the app thinks the picture is unfamiliar" if not compressed_only else
-                     "How the app measured the compression"):
-        st.markdown(f"Compared with {source}: " + "; ".join(reasons) + "." if not compressed_only else
-                    reasons[0][0].upper() + reasons[0][1:] + ".")
+        headline = (f"**This picture looks unlike the pictures this model learnt from, so read its caption as a "
+                    f"guess.** The model can only name what its training captions named: {knows}. Anything else in "
+                    f"the picture it describes with those words anyway.{conf}")
+        title = "Why the app thinks the picture is unfamiliar"
+        why = f"Compared with {source}: " + "; ".join(reasons) + "."
+    st.warning(headline, icon="⚠️")
+    with st.expander(title):
+        st.markdown(why)
 
 
 def draw_help(title: str, body: str) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -223,7 +223,7 @@ def write_suite(dataset_json: str | Path, images_root: str | Path, out_dir: str 
     if not 1 <= jpeg_quality <= 95:
         raise DatasetError(f"JPEG quality {jpeg_quality} is outside 1–95 (PIL's range; 20 is the suite's).")
     doc, entries = _read(Path(dataset_json), split)
-    shifts = [Shift(s.name, partial(jpeg, quality=jpeg_quality), False) if s.name == "jpeg" else s
+    shifts = [replace(s, apply=partial(jpeg, quality=jpeg_quality)) if s.name == "jpeg" else s
               for s in SUITE if s.name in names]
     out_dir = Path(out_dir)
     written: dict[str, list[dict[str, Any]]] = {s.name: [] for s in shifts}
