@@ -5,6 +5,7 @@ hypotheses are those of the step-by-step search; tests/test_beam_reference.py ho
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -106,8 +107,11 @@ def test_a_cuda_graph_of_one_step_serves_the_whole_decode(beam_size, precision):
     feats = Annotations(cpu.feats.cuda(), cpu.grid)
     for length_norm in (0.0, 1.0):
         cfg = DecodeConfig(beam_size=beam_size, max_len=ref.MAX_LEN, length_norm=length_norm, precision=precision)
-        replayed = beam_search(model, feats, vocab, cfg)  # graph "auto": captured on a GPU
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # a refused capture warns: here it fails the test
+            replayed = beam_search(model, feats, vocab, cfg)  # graph "auto": captured on a GPU
         assert graph._CACHE[model], "the decode was not captured"
+        assert all(run is not steps for steps, run in graph._CACHE[model].values()), "a step ran uncaptured"
         _same(replayed, beam_search(model, feats, vocab, dataclasses.replace(cfg, graph="off")))
         again = Annotations(feats.feats.flip(0), feats.grid)
         _same(beam_search(model, again, vocab, cfg), beam_search(model, again, vocab, dataclasses.replace(cfg, graph="off")))

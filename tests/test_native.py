@@ -168,7 +168,7 @@ def test_fused_top_log_probs_equal_the_pytorch_ones_under_bf16(vocab):
         prep, h, c = model.decoder.prepare(feats)
         out = model.decoder.step(torch.full((4,), vocab.start_id), h, c, prep)
     assert out.logits.dtype == torch.bfloat16
-    banned = [vocab.pad_id, vocab.start_id]
+    banned = torch.tensor([vocab.pad_id, vocab.start_id])
     words, logp = _top_log_probs(model, out, banned, 5)
     with native.disabled():
         ref_words, ref_logp = _top_log_probs(model, out, banned, 5)

@@ -104,7 +104,7 @@ class DecodeSession:
         with autocast(self.device, self.cfg.precision):
             out = self.model.decoder.step(prev, h, c, self._prep, sample=sample, generator=gen, alpha_edit=edit)
         V = len(self.vocab)
-        banned = suppressed(self.vocab, self.cfg, t)
+        banned = torch.tensor(suppressed(self.vocab, self.cfg, t), device=self.device)
         if force is None:  # the decision beam 1 makes: the best of each row's two best candidates
             words, logp = top_log_probs(self.model, out, banned, min(2, V))  # (1, 2)
             token = int(words[0, logp[0].argmax()])

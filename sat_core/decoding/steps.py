@@ -114,8 +114,9 @@ def sample_mask(model: Captioner, cfg: DecodeConfig, n: int, device) -> torch.Te
     return torch.ones(n, dtype=torch.bool, device=device)
 
 
-def top_log_probs(model: Captioner, out, banned: list[int], n_top: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's ``n_top`` best words and their fp32 log-probabilities (N, n_top); banned ones −inf.
+def top_log_probs(model: Captioner, out, banned: torch.Tensor, n_top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``n_top`` best words and their fp32 log-probabilities (N, n_top); the ids ``banned`` (a long
+    tensor on the logits' device) −inf.
 
     Under bf16 the logits carry 3 significant digits, which swaps near-tied captions: the words are
     found on the bf16 logits, then re-scored exactly (``Decoder.exact_logits``), and the softmax's
@@ -127,7 +128,7 @@ def top_log_probs(model: Captioner, out, banned: list[int], n_top: int) -> tuple
     bf16 = out.logits.dtype != torch.float32
     logits = out.logits.float() if bf16 else out.logits.clone()  # (N, V) fp32, our own copy
     held = logits[:, banned]  # (N, b) banned ids still count in the normaliser
-    logits[:, banned] = -inf
+    logits.index_fill_(1, banned, -inf)  # not ``logits[:, banned] = -inf``: it copies a host scalar (no CUDA graph)
     top, words = logits.topk(n_top, dim=1)  # (N, T)
     if bf16:
         top_exact = model.decoder.exact_logits(out.deep_out, words)  # (N, T) fp32
@@ -139,7 +140,7 @@ def top_log_probs(model: Captioner, out, banned: list[int], n_top: int) -> tuple
     return words, (top_exact - norm).masked_fill(top == -inf, -inf)
 
 
-def _top_log_probs_fused(model: Captioner, out, banned: list[int], n_top: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _top_log_probs_fused(model: Captioner, out, banned: torch.Tensor, n_top: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``top_log_probs`` with the best words, the row's max and Σ exp found in one pass (``native.top_words``).
 
     The normaliser swaps the top words' bf16 terms for their exact ones: Σ_all − Σ_top(bf16) + Σ_top(exact),
@@ -169,11 +170,10 @@ def exact_log_probs(model: Captioner, out, words: torch.Tensor) -> torch.Tensor:
     return exact - norm
 
 
-def draw_words(out, banned: list[int], generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def draw_words(out, banned: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """One word per row drawn from the step's distribution over the words it may produce: ids (N, 1) and their
     fp32 log-probabilities under that distribution (renormalised without the banned ids)."""
-    logits = out.logits.float().clone()  # (N, V) our own copy
-    logits[:, banned] = -float("inf")
+    logits = out.logits.float().index_fill(1, banned, -float("inf"))  # (N, V) our own copy
     logp = torch.log_softmax(logits, dim=1)  # (N, V)
     words = torch.multinomial(logp.exp(), 1, generator=generator)  # (N, 1)
     return words, logp.gather(1, words)
