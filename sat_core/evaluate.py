@@ -2,6 +2,8 @@
 
     python -m sat_core.evaluate --checkpoint checkpoints/shapes_soft --data data/world/dataset.json \
         --images data/world --split test --beam 3 --out metrics.json [--records records.json]
+    python -m sat_core.evaluate --checkpoint runs/mine/best --data data/scenes/dataset.json --images data/scenes \
+        --split val --generalisation data/scenes_val_suite --no-shifted --out val.json   # choosing on validation
 
 The work is ``sat_core.evaluation.evaluate.evaluate`` (and ``evaluation.generalisation`` for the sets off the
 scenes generator); this module reads the flags, runs it and prints the summary.
@@ -116,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shifted", metavar="PATH",
                    help=f"the shifted split's dataset.json for the generalisation figures (default {shifted}, skipped "
                         "if absent)")
+    p.add_argument("--no-shifted", action="store_true",
+                   help="leave the shifted split out of the generalisation figures: for a suite written over the "
+                        "validation scenes (python -m sat_core.transforms --split val), where choices are made "
+                        "without reading the sets kept for measuring")
     return p
 
 
@@ -125,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.limit is not None and args.limit < 1:
             raise SatError(f"--limit must be at least 1, not {args.limit}.")
+        if args.no_shifted and args.shifted is not None:
+            raise SatError("--no-shifted leaves the shifted split out, so --shifted has nothing to do; pass one of them.")
         cli.decode_config(args)  # bad values are reported before the checkpoint is read
         loaded = load_checkpoint(args.checkpoint, device=pick_device(args.device))
         cfg = cli.decode_config(args, loaded.decode_defaults())
@@ -138,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.generalisation is not None or args.shifted is not None:
                 result["generalisation"] = generalisation.report(
                     loaded, cfg, result, data, suite_dir=args.generalisation, shifted=args.shifted, limit=args.limit,
-                    batch_size=args.batch_size)
+                    batch_size=args.batch_size, skip_shifted=args.no_shifted)
         write_json_atomic(args.out, result)
         if args.records:
             write_json_atomic(args.records, result["records"])

@@ -161,3 +161,20 @@ def test_warned_share_counts_the_images_the_domain_check_warns_about(world_and_m
     assert warned_share(loaded, jpeg, indices) == 1.0
     loaded.config["training"].pop("domain")
     assert warned_share(loaded, data, indices) is None
+
+
+def test_a_suite_over_another_split_is_evaluated_without_the_shifted_split(world_and_model, tmp_path, capsys):
+    root, path, shifted, checkpoint = world_and_model
+    transforms.write_suite(path, path.parent, tmp_path / "train_suite", split="train", names=("zoom_out", "crop"))
+    base = ["--checkpoint", str(checkpoint), "--data", str(path), "--images", str(path.parent), "--beam", "1",
+            "--max-len", "4", "--no-meteor", "--device", "cpu", "--split", "train",
+            "--generalisation", str(tmp_path / "train_suite")]
+    out = tmp_path / "m.json"
+    assert main([*base, "--out", str(out), "--no-shifted"]) == 0
+    figures = json.loads(out.read_text())["generalisation"]
+    assert list(figures) == ["train", "zoom_out", "crop"]
+    assert figures["train"]["n_images"] == figures["zoom_out"]["n_images"] == 6
+    assert 1 <= figures["crop"]["n_images"] <= 6  # the crop leaves out a scene whose every object it cuts away
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "n.json"), "--no-shifted", "--shifted", str(shifted)]) == 2
+    assert "--no-shifted" in capsys.readouterr().err and not (tmp_path / "n.json").exists()

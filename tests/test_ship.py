@@ -48,6 +48,7 @@ def test_scenes_card_names_the_annotations_the_preset_trains_on():
 
 def test_a_scenes_world_in_another_caption_order_is_refused_with_what_to_do(tmp_path):
     from sat_core.errors import SatError
+    from sat_core.worlds.scenes import VERSION
 
     folder = tmp_path / "scenes"
     folder.mkdir()
@@ -56,20 +57,21 @@ def test_a_scenes_world_in_another_caption_order_is_refused_with_what_to_do(tmp_
     with pytest.raises(SatError, match=r"random order.*--caption-order largest_first.*Move .*scenes aside"):
         ship.ensure_world(cfg, "scenes")
     (folder / "dataset.json").write_text(json.dumps({"kind": "scenes", "caption_order": "left_to_right",
-                                                     "version": 2, "images": []}))
+                                                     "version": VERSION, "images": []}))
     with pytest.raises(SatError, match=r"left_to_right order.*--caption-order largest_first"):
         ship.ensure_world(cfg, "scenes", ship.CAPTION_ORDER["scenes_soft"])
     ship.ensure_world(cfg, "scenes", "left_to_right")  # a preset on the left-to-right world: used as it is
     (folder / "dataset.json").write_text(json.dumps({"kind": "scenes", "caption_order": "largest_first",
                                                      "images": []}))  # the world before surface styles
-    with pytest.raises(SatError, match=r"another version of the scenes world \(version 1, this one is 2\).*Move"):
+    with pytest.raises(SatError,
+                       match=rf"another version of the scenes world \(version 1, this one is {VERSION}\).*Move"):
         ship.ensure_world(cfg, "scenes", "largest_first")
     (folder / "dataset.json").write_text(json.dumps({"kind": "scenes", "caption_order": "largest_first",
-                                                     "version": 2, "shifted": True, "images": []}))
+                                                     "version": VERSION, "shifted": True, "images": []}))
     with pytest.raises(SatError, match=r"is the shifted split"):
         ship.ensure_world(cfg, "scenes", "largest_first")
     (folder / "dataset.json").write_text(json.dumps({"kind": "scenes", "caption_order": "largest_first",
-                                                     "version": 2, "images": []}))
+                                                     "version": VERSION, "images": []}))
     ship.ensure_world(cfg, "scenes", "largest_first")
     assert json.loads((folder / "dataset.json").read_text())["images"] == []
     with pytest.raises(SatError, match=r"largest_first order.*--caption-order left_to_right"):

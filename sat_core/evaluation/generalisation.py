@@ -132,15 +132,20 @@ def _mirror_of(original: Sequence[dict[str, Any]], flipped: Sequence[dict[str, A
 
 # ---- the sets ---------------------------------------------------------------------------------------------------
 
-def find_sets(suite_dir: str | Path | None, shifted: str | Path | None) -> list[tuple[str, Path]]:
+def find_sets(suite_dir: str | Path | None, shifted: str | Path | None,
+              skip_shifted: bool = False) -> list[tuple[str, Path]]:
     """(name, dataset.json) of the shifted split and each suite folder, suite transforms in their order.
 
-    ``shifted`` None: ``DEFAULT_SHIFTED``, skipped with a warning when absent; a path given must exist."""
+    ``shifted`` None: ``DEFAULT_SHIFTED``, skipped with a warning when absent; a path given must exist.
+    ``skip_shifted``: the suite's sets only (a suite over validation scenes, chosen on without reading the
+    shifted split)."""
     from sat_core.worlds.scenes.transforms import NAMES
 
     found: list[tuple[str, Path]] = []
     path = Path(shifted) if shifted is not None else DEFAULT_SHIFTED
-    if path.is_file():
+    if skip_shifted:
+        pass
+    elif path.is_file():
         found.append((SHIFTED, path))
     elif shifted is not None:
         raise DatasetError(f"The shifted split {path} does not exist; pass the dataset.json of a shifted scenes world.")
@@ -166,7 +171,7 @@ def _indices(data: KarpathyData, split: str, limit: int | None) -> list[int]:
 
 def report(loaded: LoadedCheckpoint, cfg: DecodeConfig, result: dict[str, Any], data: KarpathyData, *,
            suite_dir: str | Path | None = DEFAULT_SUITE, shifted: str | Path | None = None,
-           limit: int | None = None, batch_size: int = 32) -> dict[str, dict[str, Any]]:
+           limit: int | None = None, batch_size: int = 32, skip_shifted: bool = False) -> dict[str, dict[str, Any]]:
     """{set name: figures} for the in-distribution ``result`` (``evaluate.evaluate``'s, on ``data``; named by its
     split) and each set of ``find_sets``, every set decoded and scored by ``evaluate.evaluate_images``."""
     from sat_core.evaluation.evaluate import evaluate_images
@@ -174,7 +179,7 @@ def report(loaded: LoadedCheckpoint, cfg: DecodeConfig, result: dict[str, Any], 
     split = result.get("split", "test")
     out = {split: set_figures(result, data)}
     out[split]["warned"] = warned_share(loaded, data, _indices(data, split, limit or result.get("n_images")))
-    for name, path in find_sets(suite_dir, shifted):
+    for name, path in find_sets(suite_dir, shifted, skip_shifted):
         shifted_data = load_karpathy(path, path.parent)
         indices = _indices(shifted_data, split, limit)
         # METEOR is not among the figures: skip its JVM start per set
