@@ -143,14 +143,14 @@ def find_sets(suite_dir: str | Path | None, shifted: str | Path | None,
 
     found: list[tuple[str, Path]] = []
     path = Path(shifted) if shifted is not None else DEFAULT_SHIFTED
-    if skip_shifted:
-        pass
-    elif path.is_file():
-        found.append((SHIFTED, path))
-    elif shifted is not None:
-        raise DatasetError(f"The shifted split {path} does not exist; pass the dataset.json of a shifted scenes world.")
-    else:
-        warnings.warn(f"no shifted split at {path}: not evaluated (pass --shifted PATH)", stacklevel=2)
+    if not skip_shifted:
+        if path.is_file():
+            found.append((SHIFTED, path))
+        elif shifted is not None:
+            raise DatasetError(f"The shifted split {path} does not exist; pass the dataset.json of a shifted scenes "
+                               "world.")
+        else:
+            warnings.warn(f"no shifted split at {path}: not evaluated (pass --shifted PATH)", stacklevel=2)
     if suite_dir is not None:
         suite = Path(suite_dir)
         folders = sorted((p for p in suite.glob("*/dataset.json")),
