@@ -112,9 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write metrics.json, eval_records.json and MODEL_CARD.md into the checkpoint folder")
     suite, shifted = generalisation.DEFAULT_SUITE, generalisation.DEFAULT_SHIFTED
     p.add_argument("--generalisation", nargs="?", const=str(suite), metavar="SUITE_DIR",
-                   help="also evaluate the shifted split and each transformed set under SUITE_DIR (python -m "
-                        f"sat_core.transforms writes them; default {suite}): the output's \"generalisation\", "
-                        "one row per set")
+                   help="also evaluate the shifted split and each set under SUITE_DIR, every SUITE_DIR/NAME/"
+                        "dataset.json (python -m sat_core.transforms writes the transformed ones, python -m "
+                        f"sat_core.world --shifted-validation a shifted one; default {suite}): the output's "
+                        "\"generalisation\", one row per set")
     p.add_argument("--shifted", metavar="PATH",
                    help=f"the shifted split's dataset.json for the generalisation figures (default {shifted}, skipped "
                         "if absent)")

@@ -44,9 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scenes: name the largest group of identical objects first and equal ones left to right "
                         "(the shipped world: 'two trucks and an umbrella'; 'left of' is the one horizontal "
                         "relation), every group left to right, or in random order")
-    p.add_argument("--shifted", action="store_true",
-                   help="scenes: draw surface styles and horizons the other splits never draw (a generalisation "
-                        "set; use --train 0 --val 0 --test N and its own --out)")
+    held_out = p.add_mutually_exclusive_group()
+    held_out.add_argument("--shifted", action="store_true",
+                          help="scenes: draw surface styles and horizons the other splits never draw (a "
+                               "generalisation set; use --train 0 --val 0 --test N and its own --out)")
+    held_out.add_argument("--shifted-validation", action="store_true",
+                          help="scenes: a shifted set over the other held-out styles, to make choices on without "
+                               "reading the shifted split (use --train 0 --val N --test 0 and its own --out)")
     p.add_argument("--no-augment", action="store_true",
                    help="scenes: keep every training picture as rendered (by default some are degraded: JPEG, "
                         "grayscale, blur, exposure)")
@@ -59,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     try:
         path = generate(args.out, args.train, args.val, args.test, args.seed, args.workers, args.kind,
-                        args.caption_order, shifted=args.shifted, augment=not args.no_augment)
+                        args.caption_order, shifted=args.shifted or args.shifted_validation,
+                        augment=not args.no_augment, held_out="validation" if args.shifted_validation else "test")
     except SatError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from err

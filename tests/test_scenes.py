@@ -278,6 +278,28 @@ def test_the_shifted_split_shares_no_surface_style_or_horizon_with_training(tmp_
             assert low <= layout.horizon < high
 
 
+def test_the_validation_shifted_set_draws_styles_neither_training_nor_the_shifted_split_draws(tmp_path):
+    from sat_core.worlds.scenes.render import HELD_OUT, HELD_OUT_VALIDATION
+
+    assert not HELD_OUT & HELD_OUT_VALIDATION
+    usual = json.loads(writer.generate(tmp_path / "u", 40, 5, 5, seed=1, kind="scenes").read_text())
+    shifted = json.loads(writer.generate(tmp_path / "s", 0, 0, 30, seed=1, kind="scenes", shifted=True).read_text())
+    chosen = json.loads(writer.generate(tmp_path / "v", 0, 30, 0, seed=1, kind="scenes", shifted=True,
+                                        held_out="validation").read_text())
+    assert chosen["held_out"] == "validation" and shifted["held_out"] == "test"
+    styles = {name: {v for im in d["images"] for v in im["styles"].values()}
+              for name, d in (("usual", usual), ("shifted", shifted), ("validation", chosen))}
+    assert styles["validation"] <= HELD_OUT_VALIDATION and len(styles["validation"]) >= 6
+    assert not styles["validation"] & (styles["usual"] | styles["shifted"])
+    assert not styles["usual"] & HELD_OUT_VALIDATION
+    # another stream of scenes than the shifted split's (the same seed, split and index)
+    a = np.asarray(Image.open(tmp_path / "s" / "test" / shifted["images"][0]["filename"]))
+    b = np.asarray(Image.open(tmp_path / "v" / "val" / chosen["images"][0]["filename"]))
+    assert not np.array_equal(a, b)
+    with pytest.raises(Exception, match="held_out"):
+        writer.generate(tmp_path / "x", 0, 1, 0, kind="scenes", shifted=True, held_out="train")
+
+
 def test_only_training_pictures_are_degraded_and_each_says_how(tmp_path):
     path = writer.generate(tmp_path / "w", 80, 20, 20, seed=2, kind="scenes")
     images = json.loads(path.read_text())["images"]

@@ -29,6 +29,7 @@ class Options:
     caption_order: str = "largest_first"
     shifted: bool = False  # draw only what the usual splits never draw: a generalisation set
     augment: bool = True  # degrade some training pictures
+    held_out: str = "test"  # with shifted: whose held-out styles, "test" (the shifted split) or "validation"
 
 
 class Made(NamedTuple):

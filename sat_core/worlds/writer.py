@@ -26,8 +26,10 @@ CAPTION_ORDERS = ("random", "left_to_right", "largest_first")  # the scenes worl
 SHIPPED_CAPTION_ORDER = "largest_first"  # the default world's order (the shipped scenes models were trained on it)
 
 
-def _image_rng(seed: int, split: str, index: int, shifted: bool = False) -> np.random.Generator:
-    key = (SPLITS.index(split), index, 1) if shifted else (SPLITS.index(split), index)
+def _image_rng(seed: int, split: str, index: int, shifted: bool = False,
+               held_out: str = "test") -> np.random.Generator:
+    key = ((SPLITS.index(split), index, 2 if held_out == "validation" else 1) if shifted
+           else (SPLITS.index(split), index))
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=key))
 
 
@@ -36,7 +38,7 @@ def _make_image(task: tuple[int, str, int, int, str, str, Options]) -> dict[str,
     from PIL import Image
 
     seed, split, index, imgid, out_dir, kind, options = task
-    made = get(kind).make_image(_image_rng(seed, split, index, options.shifted), split, options)
+    made = get(kind).make_image(_image_rng(seed, split, index, options.shifted, options.held_out), split, options)
     filename = f"{imgid:06d}.png"
     Image.fromarray(made.pixels).save(Path(out_dir) / split / filename, format="PNG")
     sentences = [{"tokens": cap["tokens"], "raw": cap["raw"], "imgid": imgid,
@@ -60,14 +62,15 @@ def _prepare_out_dir(out_dir: Path) -> None:
 
 def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: int = 0,
              workers: int = 2, kind: str = "shapes", caption_order: str = SHIPPED_CAPTION_ORDER,
-             shifted: bool = False, augment: bool = True) -> Path:
+             shifted: bool = False, augment: bool = True, held_out: str = "test") -> Path:
     """Write the dataset (images + dataset.json) under out_dir; return the dataset.json path.
 
     kind: "shapes" (112 px coloured shapes, the fast test world) or "scenes" (224 px everyday objects in
     places). caption_order (scenes only): "largest_first" (the shipped world), "left_to_right" or "random";
     a scenes dataset.json records it. shifted (scenes only): draw the held-out styles and horizons — the
-    shifted split, written as a dataset of its own whose images no other split shares. augment (scenes
-    only): degrade some training pictures; validation and test pictures never.
+    shifted split, written as a dataset of its own whose images no other split shares; held_out "validation"
+    draws the other held-out styles, a shifted set to make choices on. augment (scenes only): degrade some
+    training pictures; validation and test pictures never.
     """
     if kind not in NAMES:
         raise SatError(f"kind must be one of {', '.join(NAMES)}, not {kind!r}.")
@@ -78,7 +81,9 @@ def generate(out_dir: str | Path, n_train: int, n_val: int, n_test: int, seed: i
     if any(n < 0 for n in counts.values()) or workers < 1:
         raise SatError("Image counts must be >= 0 and workers >= 1.")
     _prepare_out_dir(out_dir)
-    options = Options(caption_order, shifted, augment)
+    if held_out not in ("test", "validation"):
+        raise SatError(f"held_out must be 'test' or 'validation', not {held_out!r}.")
+    options = Options(caption_order, shifted, augment, held_out)
     tasks, imgid = [], 0
     for split in SPLITS:
         for index in range(counts[split]):

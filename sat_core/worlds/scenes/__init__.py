@@ -29,7 +29,7 @@ VERSION = 2
 
 def make_image(rng: np.random.Generator, split: str, options: Options) -> Made:
     """One scene: a place and its objects, its picture (a training one sometimes degraded) and references."""
-    drawn = layout.generate_layout(rng, shifted=options.shifted)
+    drawn = layout.generate_layout(rng, shifted=options.shifted, held_out=options.held_out)
     objects = layout.layout_objects(drawn)
     pixels = layout.render_layout(drawn)
     captions = describe(objects, drawn.place, rng, caption_order=options.caption_order)
@@ -43,7 +43,7 @@ def make_image(rng: np.random.Generator, split: str, options: Options) -> Made:
 
 def header(options: Options) -> dict[str, Any]:
     return {"caption_order": options.caption_order, "version": VERSION, "shifted": options.shifted,
-            "augment": options.augment}
+            "augment": options.augment, **({"held_out": options.held_out} if options.shifted else {})}
 
 
 def owns(objects: Sequence[dict[str, Any]]) -> bool:

@@ -162,12 +162,13 @@ def _clipped(box: tuple[int, int, int, int]) -> tuple[tuple[slice, slice], tuple
             (slice(cy0 - y0, cy1 - y0), slice(cx0 - x0, cx1 - x0)))
 
 
-def generate_layout(rng: np.random.Generator, shifted: bool = False) -> SceneLayout:
+def generate_layout(rng: np.random.Generator, shifted: bool = False, held_out: str = "test") -> SceneLayout:
     """A random place and 1–4 objects on it (each at least MIN_VISIBLE visible); ``shifted`` draws the
-    held-out styles and horizons."""
+    held-out styles of ``held_out``'s side ("test", the shifted split, or "validation") and the shifted
+    horizons."""
     places = list(PLACE_P)
     place = str(rng.choice(places, p=[PLACE_P[p] for p in places]))
-    choices = styles_for(place, shifted)
+    choices = styles_for(place, shifted, held_out)
     styles = {surface: str(rng.choice(names)) for surface, names in choices.items() if names}
     ranges = HORIZONS["shifted" if shifted else "usual"]
     low, high = ranges.get(place, ranges["outdoor"])

@@ -7,7 +7,8 @@ one random lighting (exposure, colour cast, a side light, vignette) to a finishe
 
 Every surface comes in named styles (``GROUND_STYLES``, ``SKY_STYLES``, ``WALL_STYLES``). The styles of
 ``HELD_OUT`` are never drawn for the training, validation and test splits: they make the shifted split
-(``layout``), on which generalisation is measured.
+(``layout``), on which generalisation is measured. Those of ``HELD_OUT_VALIDATION`` make a second shifted set,
+written over validation scenes, on which choices about generalisation are made without reading the first.
 """
 
 from __future__ import annotations
@@ -53,24 +54,30 @@ def _sample(tex: np.ndarray, u: np.ndarray, v: np.ndarray, scale: float) -> np.n
 
 # The styles of each surface; those in HELD_OUT are drawn only for the shifted split.
 GROUND_STYLES = {
-    "grass": ("meadow", "lush", "mown"),
-    "sand": ("ripples", "dunes", "pebbles"),
-    "snow": ("powder", "crust", "tracks"),
-    "water": ("waves", "calm", "lake"),
-    "road": ("asphalt", "worn", "cobbles"),
-    "floor": ("planks", "tiles", "carpet"),
-    "table": ("wood", "painted", "cloth"),
+    "grass": ("meadow", "lush", "mown", "dry"),
+    "sand": ("ripples", "dunes", "pebbles", "wet"),
+    "snow": ("powder", "crust", "tracks", "slush"),
+    "water": ("waves", "calm", "lake", "murky"),
+    "road": ("asphalt", "worn", "cobbles", "gravel"),
+    "floor": ("planks", "tiles", "carpet", "stone"),
+    "table": ("wood", "painted", "cloth", "marble"),
 }
-SKY_STYLES = ("clear", "overcast", "evening", "dusk")
-WALL_STYLES = ("plain", "stripes")
+SKY_STYLES = ("clear", "overcast", "evening", "dusk", "stormy")
+WALL_STYLES = ("plain", "stripes", "panels")
 HELD_OUT = frozenset({"mown", "pebbles", "tracks", "lake", "cobbles", "carpet", "cloth", "dusk", "stripes"})
+HELD_OUT_VALIDATION = frozenset({"dry", "wet", "slush", "murky", "gravel", "stone", "marble", "stormy", "panels"})
 
 
-def styles_for(place: str, shifted: bool) -> dict[str, tuple[str, ...]]:
-    """The styles a scene at ``place`` may draw, per surface (ground, sky, wall): the held-out ones for
-    the shifted split, the others for every other split."""
+def styles_for(place: str, shifted: bool, held_out: str = "test") -> dict[str, tuple[str, ...]]:
+    """The styles a scene at ``place`` may draw, per surface (ground, sky, wall): for a shifted set the
+    held-out ones of its side (``held_out``: "test", the shifted split; "validation"), for every other
+    split those neither side holds out."""
+    group = HELD_OUT_VALIDATION if held_out == "validation" else HELD_OUT
+
     def pick(names: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(n for n in names if (n in HELD_OUT) == shifted)
+        if shifted:
+            return tuple(n for n in names if n in group)
+        return tuple(n for n in names if n not in HELD_OUT and n not in HELD_OUT_VALIDATION)
 
     return {"ground": pick(GROUND_STYLES.get(place, ())), "sky": pick(SKY_STYLES), "wall": pick(WALL_STYLES)}
 
@@ -78,9 +85,9 @@ def styles_for(place: str, shifted: bool) -> dict[str, tuple[str, ...]]:
 def _sky(rng: np.random.Generator, height: int, kind: str = "clear") -> np.ndarray:
     """A sky gradient (clear blue, overcast, evening or dusk) with soft clouds. (height, W, 3)."""
     top = {"clear": (60, 120, 205), "overcast": (150, 160, 172), "evening": (70, 90, 160),
-           "dusk": (95, 60, 120)}[kind]
+           "dusk": (95, 60, 120), "stormy": (85, 90, 105)}[kind]
     low = {"clear": (175, 210, 240), "overcast": (205, 208, 212), "evening": (245, 180, 120),
-           "dusk": (235, 150, 170)}[kind]
+           "dusk": (235, 150, 170), "stormy": (150, 155, 165)}[kind]
     top = np.add(top, rng.uniform(-15, 15, 3))
     low = np.add(low, rng.uniform(-10, 10, 3))
     t = np.linspace(0, 1, SIZE)[:height, None, None] if height else np.zeros((0, 1, 1))
@@ -89,7 +96,8 @@ def _sky(rng: np.random.Generator, height: int, kind: str = "clear") -> np.ndarr
     if height:
         cover = rng.uniform(0.0, 0.5 if kind != "overcast" else 0.1)
         clouds = np.clip((smooth_noise(rng, (height, SIZE), 3, 4) + cover) * 2.0, 0, 1)[..., None]
-        sky = sky * (1 - 0.7 * clouds) + 0.7 * clouds * np.array([248.0, 248, 250])
+        cloud = np.array([135.0, 137, 145]) if kind == "stormy" else np.array([248.0, 248, 250])  # dark rain clouds
+        sky = sky * (1 - 0.7 * clouds) + 0.7 * clouds * cloud
     return sky
 
 
@@ -102,6 +110,10 @@ def _wall(rng: np.random.Generator, height: int, kind: str = "plain") -> np.ndar
         period = rng.uniform(10, 22)
         stripe = (np.mod(np.arange(SIZE) / period, 1.0) < 0.5)[None, :, None]
         wall = np.where(stripe, wall * rng.uniform(0.8, 0.9), wall)
+    elif kind == "panels" and height > 12:  # wainscot: a darker panelled lower third with vertical seams
+        low = height - height // 3
+        seams = (np.mod(np.arange(SIZE), rng.uniform(26, 40)) < 2)[None, :, None]
+        wall[low:] = np.where(seams, wall[low:] * 0.6, wall[low:] * rng.uniform(0.7, 0.8))
     if height > 6:  # skirting board
         wall[-4:] = np.array(base) * 0.55
     return wall
@@ -111,12 +123,15 @@ def _wall(rng: np.random.Generator, height: int, kind: str = "plain") -> np.ndar
 
 def _grass(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray, n: np.ndarray,
            f: np.ndarray) -> np.ndarray:
-    """Grass: plain, lush (clumps of clover) or mown (stripes)."""
+    """Grass: plain, lush (clumps of clover), mown (stripes) or dry (straw)."""
     base = np.array([85, 145, 55]) + rng.uniform(-20, 20, 3) * [1, 1, 0.5]
     if style == "lush":  # darker, with clumps of lighter clover
         base = base * [0.8, 0.9, 0.8]
         clumps = np.clip(_sample(smooth_noise(rng, (_TEX, _TEX), 16, 2), u, v, 9.0) * 3 - 1, 0, 1)
         img = base * (1 + 0.15 * n[..., None] + 0.1 * f[..., None] + 0.25 * clumps[..., None])
+    elif style == "dry":  # straw-coloured, patchy
+        base = np.array([175, 160, 95]) + rng.uniform(-15, 15, 3)
+        img = base * (1 + 0.2 * n[..., None] + 0.15 * f[..., None])
     elif style == "mown":  # striped lawn
         stripes = np.where(np.mod(u, 2.0) < 1.0, 1.12, 0.9)
         img = base * (stripes * (1 + 0.05 * n + 0.06 * f))[..., None]
@@ -127,11 +142,14 @@ def _grass(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: n
 
 def _sand(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray, n: np.ndarray,
           f: np.ndarray) -> np.ndarray:
-    """Sand: ripples, dunes or pebbles."""
+    """Sand: ripples, dunes, pebbles or wet (dark, with sheen)."""
     base = np.array([222, 200, 155]) + rng.uniform(-15, 12, 3)
     if style == "dunes":  # long soft swells
         swell = np.sin(v * 0.8 + 3.0 * n)
         img = base * (1 + 0.1 * swell[..., None] + 0.03 * f[..., None])
+    elif style == "wet":  # darker, smooth, with bright sheen where water stands
+        sheen = np.clip(n * 3 - 1.6, 0, 1)[..., None]
+        img = base * 0.8 * (1 + 0.03 * f[..., None]) * (1 - sheen) + sheen * np.array([200.0, 205, 210])
     elif style == "pebbles":  # grey stones scattered on darker sand
         stones = _sample(rng.random((_TEX, _TEX)), u, v, 14.0) > 0.9
         img = np.where(stones[..., None], np.array([140.0, 135, 130]), base * 0.9 * (1 + 0.05 * f[..., None]))
@@ -143,11 +161,14 @@ def _sand(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np
 
 def _snow(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray, n: np.ndarray,
           f: np.ndarray) -> np.ndarray:
-    """Snow: plain, crust (icy patches) or tracks."""
+    """Snow: plain, crust (icy patches), tracks or slush (grey-brown, trodden)."""
     base = np.array([232, 238, 246]) + rng.uniform(-10, 6, 3)
     if style == "crust":  # icy, blue-grey patches
         ice = np.clip(n * 2, 0, 1)[..., None]
         img = base * (1 + 0.02 * f[..., None]) * (1 - 0.12 * ice * np.array([1.0, 0.7, 0.2]))
+    elif style == "slush":  # dirty, melting: brown-grey blotches
+        dirt = np.clip(n * 2 + 0.3, 0, 1)[..., None]
+        img = base * (1 + 0.03 * f[..., None]) * (1 - 0.3 * dirt * np.array([0.8, 0.9, 1.1]))
     elif style == "tracks":  # ski tracks running into the distance
         tracks = (np.mod(u + 0.3 * np.sin(v * 0.5), 1.7) < 0.12)[..., None]
         img = np.where(tracks, base * 0.8, base * (1 + 0.04 * n[..., None]))
@@ -158,10 +179,13 @@ def _snow(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np
 
 def _water(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray, n: np.ndarray,
            f: np.ndarray) -> np.ndarray:
-    """Water: waves with glints, calm or a teal lake."""
+    """Water: waves with glints, calm, a teal lake or murky (brown-green)."""
     base = np.array([50, 115, 175]) + rng.uniform(-20, 20, 3)
     if style == "calm":  # smooth, darker, a few ripples
         img = base * 0.9 * (1 + 0.05 * np.sin(v * 4.0 + n)[..., None] + 0.02 * f[..., None])
+    elif style == "murky":  # brown-green, dull, slow swirls
+        base = np.array([75, 100, 90]) + rng.uniform(-12, 12, 3)
+        img = base * (1 + 0.12 * np.sin(u * 0.7 + v * 6.0 + 3.0 * n)[..., None] + 0.03 * f[..., None])
     elif style == "lake":  # green-teal, diagonal streaks
         base = np.array([45, 120, 110]) + rng.uniform(-15, 15, 3)
         streaks = np.sin((u + v) * 5.0 + 2.0 * n)
@@ -175,12 +199,14 @@ def _water(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: n
 
 def _road(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray, n: np.ndarray,
           f: np.ndarray) -> np.ndarray:
-    """A road with dashes and verges: asphalt, cobbles or worn."""
+    """A road with dashes and verges: asphalt, cobbles, worn or gravel."""
     grey = rng.uniform(75, 110)
     if style == "cobbles":  # a grid of rounded stones with dark joints
         cu, cv = np.mod(u * 2.0, 1.0), np.mod(v * 4.0 + 0.5 * np.floor(u * 2.0), 1.0)
         joint = (np.minimum(cu, 1 - cu) < 0.08) | (np.minimum(cv, 1 - cv) < 0.08)
         img = (grey + 25) * (1 - 0.45 * joint + 0.06 * f)[..., None] * np.array([1.05, 1.0, 0.92])
+    elif style == "gravel":  # light brown-grey grit
+        img = (grey + 45) * (1 + 0.05 * n + 0.25 * f)[..., None] * np.array([1.08, 1.0, 0.88])
     elif style == "worn":  # patched, lighter asphalt
         patches = np.clip(n * 3, -1, 1)
         img = (grey + 20) * (1 + 0.12 * patches + 0.08 * f)[..., None] * np.ones(3)
@@ -197,12 +223,20 @@ def _road(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np
 
 def _indoor(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np.ndarray, n: np.ndarray,
             f: np.ndarray) -> np.ndarray:
-    """Floor or table: wooden planks, tiles, paint, carpet or cloth."""
+    """Floor or table: wooden planks, tiles, paint, carpet, cloth, stone flags or marble."""
     wood = np.array([165, 112, 70]) if place == "floor" else np.array([190, 140, 95])
     wood = wood + rng.uniform(-25, 25) + rng.uniform(-8, 8, 3)
     if style == "tiles":
         tiles = (np.floor(u * 1.2) + np.floor(v * 6)) % 2
         img = np.array([215, 212, 205]) * (1 - 0.12 * tiles[..., None] + 0.02 * f[..., None])
+    elif style == "stone":  # large grey flagstones, a tone each, dark joints
+        su, sv = u / 1.4, v * 2.5 + 0.5 * np.floor(u / 1.4)
+        joint = (np.mod(su, 1.0) < 0.05) | (np.mod(sv, 1.0) < 0.07)
+        tone = np.sin(np.floor(su) * 12.9898 + np.floor(sv) * 78.233) * 0.1
+        img = np.array([150.0, 148, 140]) * (1 + tone + 0.06 * f - 0.4 * joint)[..., None]
+    elif style == "marble":  # white with grey veins
+        veins = np.abs(np.sin(u * 2.0 + v * 3.0 + 5.0 * n)) < 0.06
+        img = np.array([238.0, 236, 232]) * (1 - 0.3 * veins + 0.02 * f)[..., None]
     elif style == "carpet":  # soft, fibrous, one saturated colour
         colour = np.array(rng.choice([(150, 50, 60), (60, 80, 140), (90, 110, 70)]), float)
         img = colour * (1 + 0.12 * f[..., None] + 0.08 * n[..., None])
