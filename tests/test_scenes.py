@@ -7,6 +7,7 @@ import pytest
 from PIL import Image
 
 from sat_core import world
+from sat_core.errors import SatError
 from sat_core.data import masks
 from sat_core.worlds import writer
 from sat_core.worlds.scenes import layout as scenes
@@ -296,7 +297,7 @@ def test_the_validation_shifted_set_draws_styles_neither_training_nor_the_shifte
     a = np.asarray(Image.open(tmp_path / "s" / "test" / shifted["images"][0]["filename"]))
     b = np.asarray(Image.open(tmp_path / "v" / "val" / chosen["images"][0]["filename"]))
     assert not np.array_equal(a, b)
-    with pytest.raises(Exception, match="held_out"):
+    with pytest.raises(SatError, match="held_out must be 'test' or 'validation'"):
         writer.generate(tmp_path / "x", 0, 1, 0, kind="scenes", shifted=True, held_out="train")
 
 

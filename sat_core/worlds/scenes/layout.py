@@ -8,11 +8,12 @@ styles. Objects vary in scale and may be cut by the image's left or right border
 
 The *shifted* split (``generate_layout(rng, shifted=True)``) draws only the styles that the other splits
 never draw (``render.HELD_OUT``) and horizons outside their range (``HORIZONS``): a set for
-measuring how a model holds up beyond the scenes it was trained and selected on. Things standing on the
-ground follow perspective (further up = further away = smaller), are drawn far to near so near
-ones occlude far ones, and cast a soft shadow; flying things are drawn in the sky. Each object's
-mask is its sprite's alpha (>= 50 %) where no later object covers it. Captions come from
-``captions``. The dataset.json schema is the shapes world's (see ``sat_core.worlds.writer``), with
+measuring how a model holds up beyond the scenes it was trained and selected on. With
+``held_out="validation"`` it draws a second held-out group (``render.HELD_OUT_VALIDATION``) instead: a
+shifted set to choose on. Things standing on the ground follow perspective (further up = further away =
+smaller), are drawn far to near so near ones occlude far ones, and cast a soft shadow; flying things are
+drawn in the sky. Each object's mask is its sprite's alpha (>= 50 %) where no later object covers it.
+Captions come from ``captions``. The dataset.json schema is the shapes world's (see ``sat_core.worlds.writer``), with
 per-object ``category``, ``colour`` (or null), ``variant``, ``layer`` (ground | air), ``foot`` and
 ``full_bbox`` in place of shape/size, and a per-image ``place``.
 """
