@@ -395,6 +395,9 @@ class TrainConfig(Config):
     out: str = option("runs/run", "run directory: last/, best/, log.jsonl, train_config.json")
     encoder_weights: str = option("", "encoder weights file: the small encoder's from sat_core.pretrain, or a "
                                   "local copy of torchvision's ImageNet weights for vgg19/resnet (then frozen)")
+    init_from: str = option("", "start from the weights of a trained checkpoint folder with the same vocabulary, "
+                            "preprocessing and layer sizes (its attention may differ: a hard model started from a "
+                            "soft one leaves its gate β out); the optimiser and schedule start afresh")
     seed: int = option(0, "seed of initialisation, shuffling, dropout and hard samples", low=0)
     device: str = option("auto", "auto | cpu | cuda[:N]")
     precision: str = option("auto", "auto | fp32 | bf16 | fp16 for training steps; auto: bf16 on CUDA GPUs that have "

@@ -10,6 +10,9 @@ the preset ``sat_core/presets/<name>.json`` (or ``--skip-train`` to reuse its ru
 ``eval_records.json``, ``MODEL_CARD.md`` and ``example.png`` (the first test image with its caption
 and an α map per word).
 
+The hard presets start from the shipped ``scenes_soft``'s weights (their ``init_from``): ship ``scenes_soft``
+first when the world is rebuilt, then the others.
+
 A run directory that already holds a training run (``runs/<name>``: an earlier ship) is never trained into again
 unless ``--overwrite`` says so; ``--skip-train`` packages it as it is. Without either the ship stops at once,
 before generating anything, and says so.
@@ -328,6 +331,9 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
                       "validation BLEU-4, precision / recall and counts")
     if hard and hard.reinforce_weight != 1.0:
         recipe.append(f"λ_r = {hard.reinforce_weight:g} against the paper's 1 by validation BLEU-4")
+    if cfg.init_from:
+        recipe.append(f"starting from the shipped `{Path(cfg.init_from).name}`'s weights instead of a random draw, by "
+                      "validation BLEU-4, precision / recall and counts")
     if hard and cfg.data.batch_size != 256:
         recipe.append(f"batches of {cfg.data.batch_size} captions against 256 by validation BLEU-4, precision / "
                       "recall and counts")
@@ -348,6 +354,9 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
         f"- The paper's model and objective, {added}: (h_0, c_0) from the mean annotation"
         f"{', the gate β' if not hard else ''}, the deep output layer; {objective}. Decoded by plain beam search "
         "with length normalisation.",
+        *([f"- Initialised from `{Path(cfg.init_from).name}`, a model of the same sizes and vocabulary trained with "
+           "the other attention (its gate β left out); the optimiser and schedule start afresh. The paper does not "
+           "say how its models were initialised."] if cfg.init_from else []),
         "- Recipe choices that change neither the model nor the objective: ImageNet-pretrained EfficientNet-Lite0 "
         f"read at its stride-16 stage, {tuned}, Adam with a cosine schedule, batches "
         f"of {cfg.data.batch_size} captions (an image's captions together), the scenes world's degraded training pictures "
@@ -417,6 +426,10 @@ def main(argv: list[str] | None = None) -> int:
         kind = "scenes" if args.name.startswith("scenes_") else "shapes"
         if not (args.skip_train or args.repackage or args.overwrite):
             refuse_earlier_run(Path(cfg.out))
+        if cfg.init_from and not (args.skip_train or args.repackage) and not Path(cfg.init_from).exists():
+            start = Path(cfg.init_from).name
+            raise SatError(f"The {args.name} preset starts from the weights of {cfg.init_from}, which is not there. "
+                           f"Ship it first (python -m sat_core.ship {start}), then this one.")
         ensure_world(cfg, kind, CAPTION_ORDER.get(args.name))
         if not args.repackage:
             ensure_encoder(cfg)

@@ -85,3 +85,18 @@ def test_what_is_missing_is_said(ce_run, tmp_path, capsys):
     assert "nowhere" in capsys.readouterr().err
     assert scst.main(["--resume", str(ce_run), "--no-progress"]) == 2  # a cross-entropy run
     assert "not a self-critical run" in capsys.readouterr().err
+
+
+def test_a_checkpoint_that_was_started_from_another_one_needs_that_one_no_more(ce_run, tmp_path):
+    """Its training configuration names --init-from; self-critical training takes the weights from the checkpoint
+    itself, so the model it once started from may be gone."""
+    import shutil
+
+    start = tmp_path / "start"
+    shutil.copytree(ce_run / "best", start)
+    assert train.main(["--config", str(ce_run / "train_config.json"), "--out", str(tmp_path / "ce2"), "--epochs", "1",
+                       "--init-from", str(start)]) == 0
+    shutil.rmtree(start)
+    run = tmp_path / "scst"
+    assert scst.main(["--init", str(tmp_path / "ce2" / "best"), "--out", str(run), "--epochs", "1", *SCST_FLAGS]) == 0
+    assert json.loads((run / "train_config.json").read_text())["init_from"] == ""

@@ -251,10 +251,12 @@ def test_the_scenes_card_shows_the_sets_off_the_generator_beside_the_test_split_
     assert "| 2 | 0.500 | 3.500 |" in text and "## Validation (what the shipped epoch was chosen on)" in text
     assert "Fixed before training and read on no split" in text
     assert f"λ_r = {cfg.model.hard.reinforce_weight:g}" in text and "doubly stochastic" not in text
+    assert "Initialised from `scenes_soft`" in text and "starting from the shipped `scenes_soft`'s weights" in text
     soft = ship.model_card("scenes_soft", TrainConfig.from_dict(json.loads(ship.preset_path("scenes_soft").read_text())),
                            {}, metrics)
     assert "doubly stochastic penalty (λ = 1," in soft and "REINFORCE" not in soft
     assert "nothing added" in soft and "not in the paper" not in soft
+    assert "Initialised from" not in soft
     assert "frozen but for its last 3 blocks, trained with the decoder at 0.1 of its learning rate" in soft
     assert "last 3 blocks trained against a frozen encoder by validation" in soft
     preset = json.loads(ship.preset_path("scenes_hard").read_text())
@@ -313,3 +315,16 @@ def test_a_ship_into_a_run_directory_that_holds_a_run_is_refused_unless_overwrit
     with pytest.raises(SystemExit):
         ship.main(["--help"])
     assert "(runs/NAME) holds an earlier run" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_ship_whose_preset_starts_from_a_checkpoint_that_is_not_there_says_which_to_ship_first(
+        monkeypatch, capsys, tmp_path):
+    calls = []
+    monkeypatch.setattr(ship, "ensure_world", lambda *a, **k: calls.append("world"))
+    monkeypatch.setattr(ship, "train", lambda *a, **k: calls.append("train"))
+    monkeypatch.chdir(tmp_path)  # no checkpoints/scenes_soft here
+    assert json.loads(ship.preset_path("scenes_hard").read_text())["init_from"] == "checkpoints/scenes_soft"
+    assert ship.main(["scenes_hard", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoints/scenes_soft, which is not there" in err and "python -m sat_core.ship scenes_soft" in err
+    assert calls == [], "refused before generating anything"

@@ -37,6 +37,8 @@ def test_a_shipped_scenes_model_is_the_papers_and_was_trained_and_decoded_as_the
         assert not _retired_in_use(section, train[key]), f"{name}: {section} add-on in training"
     cfg = TrainConfig.from_dict(train)
     assert cfg.optim.attention_lambda == 0  # supervised attention is not the paper's
+    if cfg.init_from:  # started from another shipped model: a paper one, so nothing beyond the paper comes in
+        assert Path(cfg.init_from).name in PAPER_MODELS and Path(cfg.init_from).name != name
     if cfg.model.attention == "soft":
         assert cfg.optim.dsa_lambda > 0  # the doubly stochastic penalty
     else:

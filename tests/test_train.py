@@ -524,3 +524,37 @@ def test_attention_lambda_pulls_alpha_onto_the_named_objects(tmp_path, capsys):
     assert train.main(train_args(shapes, tmp_path / "shapes" / "world", tmp_path / "run2", *flags,
                                  "--attention-lambda", "1")) == 2
     assert "--attention-lambda needs every caption's words linked to object masks" in capsys.readouterr().err
+
+
+def test_init_from_starts_a_hard_model_from_a_soft_ones_weights_and_refuses_what_does_not_fit(
+        tiny_data, world_data, tmp_path, capsys):
+    data, images = tiny_data
+    soft = tmp_path / "soft"
+    assert train.main(train_args(data, images, soft, "--epochs", "2", "--lr", "1e-2")) == 0
+    capsys.readouterr()
+    # --lr 0: the hard model's weights stay what --init-from gave it, so they equal the soft model's.
+    hard = tmp_path / "hard"
+    code = train.main(train_args(data, images, hard, "--epochs", "1", "--lr", "0", "--attention", "hard",
+                                 "--init-from", str(soft / "last")))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "starts from" in out and "decoder.f_beta.weight" in out  # soft's gate β: no place in a hard model
+    soft_weights, hard_weights = _weights(soft), _weights(hard)
+    assert "decoder.f_beta.weight" in soft_weights and "decoder.f_beta.weight" not in hard_weights
+    assert hard_weights.keys() <= soft_weights.keys()
+    learnt = [k for k in hard_weights if "running_" not in k and "num_batches" not in k]  # BatchNorm's statistics
+    assert len(learnt) > 10                                                              # move in training mode
+    differ = [k for k in learnt if not torch.equal(hard_weights[k], soft_weights[k])]
+    assert not differ, differ
+    assert json.loads((hard / "train_config.json").read_text())["init_from"] == str(soft / "last")
+
+    err = _fails(train_args(data, images, tmp_path / "a", "--init-from", str(tmp_path / "nowhere")), capsys)
+    assert "--init-from" in err and "no such checkpoint" in err
+    # Another vocabulary: its embeddings would mean other words.
+    world, world_images = world_data
+    err = _fails(train_args(world, world_images, tmp_path / "b", "--init-from", str(soft / "last")), capsys)
+    assert "vocabulary" in err and "--min-word-count" in err
+    # Another size of the same vocabulary's model.
+    err = _fails(train_args(data, images, tmp_path / "c", "--hidden-dim", "24", "--init-from", str(soft / "last")),
+                 capsys)
+    assert "do not fit" in err and "decoder" in err

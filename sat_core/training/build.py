@@ -64,6 +64,41 @@ def load_encoder(encoder: torch.nn.Module, model: ModelConfig, path: Path) -> No
                        f"{str(exc).splitlines()[0]} Use the --small-channels it was pretrained with.") from None
 
 
+def start_from(model: torch.nn.Module, path: str, vocab: Any, preprocess: PreprocessConfig) -> list[str]:
+    """``--init-from``: the weights of a trained checkpoint as the model's starting point, not a random draw. The
+    checkpoint must have this run's vocabulary, image preprocessing and every weight of the model in the same shape;
+    its attention may differ. Returns the names of its tensors the model has no place for (soft attention's gate β
+    when the new model is hard). Nothing in the optimiser or schedule carries over: training starts at step 0."""
+    from sat_core.checkpoint import read_checkpoint
+    from sat_core.data.vocab import Vocab
+
+    tensors, config = read_checkpoint(path)
+    what = f"--init-from {path}"
+    try:
+        theirs = Vocab.from_dict(config["vocab"])
+        their_preprocess = PreprocessConfig.from_dict(config["preprocess"])
+    except (KeyError, TypeError, ValueError, SatError) as exc:
+        raise SatError(f"{what}: its config.json has no readable vocabulary or preprocessing ({exc}). Give a "
+                       "checkpoint folder written by sat_core.train or sat_core.ship.") from None
+    if theirs.itos != vocab.itos:
+        raise SatError(f"{what}: its vocabulary ({len(theirs)} words) is not this run's ({len(vocab)} words), so its "
+                       "word embeddings and output layer would mean other words. Train on the data and "
+                       "--min-word-count it was trained with, or leave --init-from out.")
+    if their_preprocess != preprocess:
+        raise SatError(f"{what}: it saw images preprocessed otherwise ({their_preprocess}) than this run will "
+                       f"({preprocess}). Use its --image-size and encoder, or leave --init-from out.")
+    expected = model.state_dict()
+    problems = [f"{k} is missing from it" for k in expected if k not in tensors]
+    problems += [f"{k} is {tuple(tensors[k].shape)} there but {tuple(v.shape)} here" for k, v in expected.items()
+                 if k in tensors and tensors[k].shape != v.shape]
+    if problems:
+        raise SatError(f"{what}: its weights do not fit this model ({len(problems)} mismatch(es); first: "
+                       f"{'; '.join(problems[:3])}). Give the encoder, --tune-blocks and layer sizes it was "
+                       "trained with.")
+    model.load_state_dict({k: tensors[k].to(v.dtype) for k, v in expected.items()})
+    return sorted(k for k in tensors if k not in expected)
+
+
 def param_groups(model: torch.nn.Module, encoder_lr_scale: float) -> list[dict]:
     """Everything that learns, at --lr; encoder blocks trained with --tune-blocks at a share of it."""
     encoder = model.encoder

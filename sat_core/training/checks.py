@@ -55,6 +55,10 @@ def check_config(cfg: TrainConfig) -> None:
         raise SatError(f"--encoder-weights {cfg.encoder_weights}: no such file. Give the weights file of the "
                        f"{m.encoder} encoder (the small encoder's comes from python -m sat_core.pretrain).")
 
+    if cfg.init_from and not Path(cfg.init_from).expanduser().exists():
+        raise SatError(f"--init-from {cfg.init_from}: no such checkpoint. Give a checkpoint folder (model.safetensors "
+                       "and config.json), e.g. checkpoints/scenes_soft, or leave --init-from out.")
+
 
 def check_out(run_dir: Path, overwrite: bool) -> None:
     """A new run never replaces an earlier one in its folder unless told to: finished models are lost otherwise."""

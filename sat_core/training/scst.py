@@ -60,7 +60,7 @@ STARTING_CHANGES = {
     "optim.max_minutes": 0.0, "optim.select_metric": "cider", "out": "",
     "data.batching": "image",  # an image's captions together: each step sees whole images
     # The weights, encoder included, come from the checkpoint: nothing to fetch or read for the encoder.
-    "model.pretrained": False, "encoder_weights": "", "allow_random_encoder": True,
+    "model.pretrained": False, "encoder_weights": "", "init_from": "", "allow_random_encoder": True,
 }
 
 
