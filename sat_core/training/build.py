@@ -64,6 +64,19 @@ def load_encoder(encoder: torch.nn.Module, model: ModelConfig, path: Path) -> No
                        f"{str(exc).splitlines()[0]} Use the --small-channels it was pretrained with.") from None
 
 
+def load_weights(model: torch.nn.Module, cfg: TrainConfig, vocab: Any, preprocess: PreprocessConfig, *,
+                 say: bool) -> None:
+    """The weights a new run starts from besides its own draw: ``--encoder-weights``, then ``--init-from``'s (a
+    resumed run's own weights replace both)."""
+    if cfg.encoder_weights:
+        load_encoder(model.encoder, cfg.model, Path(cfg.encoder_weights))
+    if cfg.init_from:
+        left_out = start_from(model, cfg.init_from, vocab, preprocess)
+        if say:
+            print(f"model: starts from {cfg.init_from}'s weights"
+                  + (f" (not used: {', '.join(left_out)})" if left_out else ""), flush=True)
+
+
 def start_from(model: torch.nn.Module, path: str, vocab: Any, preprocess: PreprocessConfig) -> list[str]:
     """``--init-from``: the weights of a trained checkpoint as the model's starting point, not a random draw. The
     checkpoint must have this run's vocabulary, image preprocessing and every weight of the model in the same shape;

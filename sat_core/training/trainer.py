@@ -32,8 +32,7 @@ from sat_core.models.captioner import Captioner
 from sat_core.models.encoder import Annotations
 from sat_core.precision import autocast, grad_scaler, resolve_training
 from sat_core.training import distributed
-from sat_core.training.build import (build_optimizer, load_encoder, model_config, param_groups, preprocess_config,
-                                     start_from)
+from sat_core.training.build import build_optimizer, load_weights, model_config, param_groups, preprocess_config
 from sat_core.training.checks import check_out
 from sat_core.training.console import SELECT_KEYS, console_line
 from sat_core.training.distributed import make_loader  # --batch-size is the global batch: each process its share
@@ -187,13 +186,7 @@ class Trainer:
         local = bool(cfg.encoder_weights) and cfg.model.encoder != "small"  # ImageNet weights from a file
         self.model = Captioner(dataclasses.replace(self.model_config, pretrained=False) if local
                                else self.model_config)
-        if cfg.encoder_weights:
-            load_encoder(self.model.encoder, cfg.model, Path(cfg.encoder_weights))
-        if cfg.init_from:  # a resumed run's own weights replace these in _restore
-            left_out = start_from(self.model, cfg.init_from, self.vocab, self.preprocess)
-            if self.main_process:
-                print(f"model: starts from {cfg.init_from}'s weights"
-                      + (f" (not used: {', '.join(left_out)})" if left_out else ""), flush=True)
+        load_weights(self.model, cfg, self.vocab, self.preprocess, say=self.main_process)  # _restore replaces them
         self.model.to(self.device)
         cuda = self.device.type == "cuda"
         if cuda and cfg.channels_last:
