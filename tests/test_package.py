@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 import tomllib
 import urllib.request
@@ -127,6 +128,10 @@ def venv_with(source: Path, venv: Path, *pip_args: str) -> Path:
     """A virtual environment seeing this machine's packages (torch …), with the project installed from source."""
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
+    if sys.prefix != sys.base_prefix:  # run from a virtual environment: the new one's "system" packages are the
+        # base interpreter's, not this environment's (setuptools, torch …); a .pth file adds this one's before them
+        where = run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=venv)
+        Path(where.stdout.strip(), "outer-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     done = run([str(python), "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "-q",
                 *pip_args], cwd=source)
     assert done.returncode == 0, done.stdout + done.stderr
