@@ -557,4 +557,7 @@ def test_init_from_starts_a_hard_model_from_a_soft_ones_weights_and_refuses_what
     # Another size of the same vocabulary's model.
     err = _fails(train_args(data, images, tmp_path / "c", "--hidden-dim", "24", "--init-from", str(soft / "last")),
                  capsys)
-    assert "do not fit" in err and "decoder" in err
+    assert "do not fit" in err and "decoder" in err and "--no-gate" not in err
+    # A soft model with the gate β cannot start from a hard one, which has none: the message says which flag.
+    err = _fails(train_args(data, images, tmp_path / "d", "--init-from", str(hard / "last")), capsys)
+    assert "decoder.f_beta.weight is missing" in err and "--no-gate" in err

@@ -107,7 +107,9 @@ def start_from(model: torch.nn.Module, path: str, vocab: Any, preprocess: Prepro
     if problems:
         raise SatError(f"{what}: its weights do not fit this model ({len(problems)} mismatch(es); first: "
                        f"{'; '.join(problems[:3])}). Give the encoder, --tune-blocks and layer sizes it was "
-                       "trained with.")
+                       "trained with" + (", and --no-gate: it has no gate β (a hard model's checkpoint)"
+                                         if any(k.startswith("decoder.f_beta.") for k in expected if k not in tensors)
+                                         else "") + ".")
     model.load_state_dict({k: tensors[k].to(v.dtype) for k, v in expected.items()})
     return sorted(k for k in tensors if k not in expected)
 
