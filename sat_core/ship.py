@@ -329,6 +329,9 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
     if cfg.model.tune_blocks:
         recipe.append(f"the encoder's last {cfg.model.tune_blocks} blocks trained against a frozen encoder by "
                       "validation BLEU-4, precision / recall and counts")
+        if cfg.optim.encoder_lr_scale != 0.1:
+            recipe.append(f"those blocks at {cfg.optim.encoder_lr_scale:g} of the decoder's learning rate against 0.1 "
+                          "by category recall / precision on the validation scenes' shifted set and transformations")
     if hard and hard.reinforce_weight != 1.0:
         recipe.append(f"λ_r = {hard.reinforce_weight:g} against the paper's 1 by validation BLEU-4")
     if cfg.init_from:

@@ -257,12 +257,14 @@ def test_the_scenes_card_shows_the_sets_off_the_generator_beside_the_test_split_
     assert "doubly stochastic penalty (λ = 1," in soft and "REINFORCE" not in soft
     assert "nothing added" in soft and "not in the paper" not in soft
     assert "Initialised from" not in soft
-    assert "frozen but for its last 3 blocks, trained with the decoder at 0.1 of its learning rate" in soft
+    assert "frozen but for its last 3 blocks, trained with the decoder at 0.3 of its learning rate" in soft
     assert "last 3 blocks trained against a frozen encoder by validation" in soft
+    assert "those blocks at 0.3 of the decoder's learning rate against 0.1 by category recall" in soft
     preset = json.loads(ship.preset_path("scenes_hard").read_text())
     frozen = ship.model_card("scenes_hard", TrainConfig.from_dict({**preset, "model": {**preset["model"],
                                                                                      "tune_blocks": 0}}), {}, metrics)
     assert "frozen (as the paper froze its VGG)" in frozen and "blocks trained against" not in frozen
+    assert "of the decoder's learning rate against 0.1" not in frozen  # no rate is chosen for blocks never trained
     assert "frozen (as the paper froze its VGG)" not in soft
     for kind in ("soft", "hard"):  # a supervised card never calls itself the paper's objective alone
         name = f"scenes_{kind}_supervised"
