@@ -39,7 +39,7 @@ from sat_core.evaluation import card
 from sat_core.allocator import keep_freed_memory
 from sat_core import checkpoint as ckpt
 from sat_core import cli
-from sat_core.config import DecodeConfig, TrainConfig
+from sat_core.config import DecodeConfig, OptimConfig, TrainConfig
 from sat_core.data.karpathy import KarpathyData, load_karpathy
 from sat_core.errors import SatError
 
@@ -329,9 +329,11 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
     if cfg.model.tune_blocks:
         recipe.append(f"the encoder's last {cfg.model.tune_blocks} blocks trained against a frozen encoder by "
                       "validation BLEU-4, precision / recall and counts")
-        if cfg.optim.encoder_lr_scale != 0.1:
-            recipe.append(f"those blocks at {cfg.optim.encoder_lr_scale:g} of the decoder's learning rate against 0.1 "
-                          "by category recall / precision on the validation scenes' shifted set and transformations")
+        default = OptimConfig().encoder_lr_scale
+        if cfg.optim.encoder_lr_scale != default:
+            recipe.append(f"those blocks at {cfg.optim.encoder_lr_scale:g} of the decoder's learning rate against "
+                          f"{default:g} by category recall / precision on the validation scenes' shifted set and "
+                          "transformations")
     if hard and hard.reinforce_weight != 1.0:
         recipe.append(f"λ_r = {hard.reinforce_weight:g} against the paper's 1 by validation BLEU-4")
     if cfg.init_from:
