@@ -19,7 +19,8 @@ from sat_core.data.karpathy import ImageRecord, KarpathyData, build_vocab, load_
 from sat_core.evaluate import build_parser, main
 from sat_core.evaluation.evaluate import evaluate
 from sat_core.evaluation.generalisation import (
-    category_recall, left_right_statements, mirror_agreement, set_figures, warned_share,
+    category_recall, erring, left_right_statements, mirror_agreement, set_figures, warned_images, warned_share,
+    warning_figures,
 )
 from sat_core.evaluation.grounding import ground
 from sat_core.models.captioner import Captioner
@@ -109,10 +110,38 @@ def test_evaluate_cli_writes_the_figures_of_every_set(world_and_model, tmp_path,
     for name, json_path in [("test", path), ("crop", root / "suite" / "crop" / "dataset.json")]:
         data = load_karpathy(json_path, json_path.parent)
         direct = set_figures(evaluate(loaded, data, "test", cfg, meteor=False), data)
-        row = {k: v for k, v in figures[name].items() if k != "warned"}
+        row = {k: v for k, v in figures[name].items() if k not in ("warned", "erring", "warned_erring", "warned_right")}
         assert row == pytest.approx(direct, nan_ok=True)
-    assert all(f["warned"] is None for f in figures.values())  # this checkpoint stored no domain statistics
+    # this checkpoint stored no domain statistics: nothing of the warning is measurable
+    assert all(f[k] is None for f in figures.values() for k in ("warned", "erring", "warned_erring", "warned_right"))
     assert all(np.isfinite(f["alpha_entropy"]) for f in figures.values())
+
+
+def _record(image_id: int, caption: str, objects=SCENE[:2]) -> dict:
+    return {"image_id": image_id, "grounding": _g(caption, objects)}
+
+
+def test_erring_is_any_object_missed_misnamed_added_or_overcounted():
+    assert erring(_record(0, "a brown dog left of a red car")) is False
+    assert erring(_record(0, "a brown dog")) is True  # the car is missed
+    assert erring(_record(0, "a brown dog and a blue car")) is True  # the car's colour is wrong
+    assert erring(_record(0, "a brown dog and a red car and a cat")) is True  # a cat the scene does not hold
+    assert erring(_record(0, "two brown dogs and a red car")) is True  # one dog too many
+    assert erring({"image_id": 0, "grounding": None}) is None
+
+
+def test_warning_figures_split_the_warnings_by_whether_the_caption_errs():
+    records = [_record(0, "a brown dog left of a red car"), _record(1, "a brown dog left of a red car"),
+               _record(2, "a brown dog"), _record(3, "a red car"), _record(4, "a dog and a cat"),
+               {"image_id": 5, "grounding": None}]
+    warned = {0: True, 1: False, 2: True, 3: False, 4: True, 5: True}
+    figures = warning_figures(warned, records)
+    assert figures["warned"] == pytest.approx(4 / 6)
+    assert figures["erring"] == pytest.approx(3 / 5)  # the ungrounded caption counts in neither group
+    assert figures["warned_erring"] == pytest.approx(2 / 3) and figures["warned_right"] == pytest.approx(1 / 2)
+    nothing_wrong = warning_figures({0: True}, records[:1])
+    assert nothing_wrong["warned_erring"] is None and nothing_wrong["warned_right"] == 1.0
+    assert warning_figures(None, records) == dict.fromkeys(("warned", "erring", "warned_erring", "warned_right"))
 
 
 def test_a_missing_suite_is_an_error_that_says_how_to_write_it(world_and_model, tmp_path, capsys):
@@ -141,6 +170,8 @@ def test_warned_share_counts_the_images_the_domain_check_warns_about(world_and_m
     assert degraded.count("jpeg 20") == 1 and not any(d.startswith("jpeg") and d != "jpeg 20" for d in degraded)
     assert warned_share(loaded, data, indices) == 1 / len(indices)
     assert warned_share(loaded, data, [degraded.index("jpeg 20")]) == 1.0
+    flags = warned_images(loaded, data, indices)
+    assert [i for i, w in flags.items() if w] == [data.images[degraded.index("jpeg 20")].id]
     noise = tmp_path / "noise"
     noise.mkdir()
     rng = np.random.default_rng(0)

@@ -239,7 +239,7 @@ def test_the_scenes_card_shows_the_sets_off_the_generator_beside_the_test_split_
     summary = ship.training_summary(run)
     assert summary["best_epoch"] == 2 and [v["epoch"] for v in summary["validation"]] == [1, 2, 3]
     row = {"n_images": 500, "precision": 0.96, "recall": 0.91, "category_recall": 0.93, "empty_captions": 0,
-           "alpha_entropy": 3.5, "warned": 0.02}
+           "alpha_entropy": 3.5, "warned": 0.02, "erring": 0.25, "warned_erring": 0.04, "warned_right": 0.01}
     figures = {"test": row, "shifted": {**row, "recall": 0.8}, "hflip": {**row, "mirror": {
         "stated": 40, "surviving": 30, "mirrored": 27, "share": 0.9}}}
     cfg = TrainConfig.from_dict(json.loads(ship.preset_path("scenes_hard").read_text()))
@@ -247,6 +247,8 @@ def test_the_scenes_card_shows_the_sets_off_the_generator_beside_the_test_split_
     text = ship.model_card("scenes_hard", cfg, {}, metrics)
     assert "| | test | shifted | hflip |" in text and "| object recall | 0.910 | 0.800 | 0.910 |" in text
     assert "| empty captions | 0 | 0 | 0 |" in text and "| count accuracy | n/a | n/a | n/a |" in text
+    assert "| captions with an object wrong | 0.250 | 0.250 | 0.250 |" in text
+    assert "| warned, of those | 0.040 |" in text and "| warned, of the others | 0.010 |" in text
     assert "27 of the 30 left/right statements" in text and "(0.900; 40 stated" in text
     assert "| 2 | 0.500 | 3.500 |" in text and "## Validation (what the shipped epoch was chosen on)" in text
     assert "Fixed before training and read on no split" in text

@@ -173,7 +173,8 @@ _GENERALISATION_ROWS = (
     ("count accuracy", "count_accuracy"), ("relation accuracy", "relation_accuracy"),
     ("attention correctness", "attention_correctness"), ("× uniform", "attention_ratio"),
     ("α entropy (nats)", "alpha_entropy"), ("BLEU-4", "BLEU-4"), ("empty captions", "empty_captions"),
-    ("out-of-domain warnings", "warned"), ("images", "n_images"),
+    ("out-of-domain warnings", "warned"), ("captions with an object wrong", "erring"),
+    ("warned, of those", "warned_erring"), ("warned, of the others", "warned_right"), ("images", "n_images"),
 )
 
 

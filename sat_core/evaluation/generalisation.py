@@ -68,9 +68,9 @@ def set_figures(result: dict[str, Any], data: KarpathyData) -> dict[str, Any]:
 
 # ---- the out-of-domain warning ----------------------------------------------------------------------------
 
-def warned_share(loaded: LoadedCheckpoint, data: KarpathyData, indices: Sequence[int]) -> float | None:
-    """The share of the images that the explorer's out-of-domain check (``domain.DomainReference``, the
-    checkpoint's own training statistics) warns about; None where the checkpoint stored none."""
+def warned_images(loaded: LoadedCheckpoint, data: KarpathyData, indices: Sequence[int]) -> dict[int, bool] | None:
+    """{image id: whether the explorer's out-of-domain check (``domain.DomainReference``, the checkpoint's own
+    training statistics) warns about it} for the images at ``indices``; None where the checkpoint stored none."""
     from sat_core.evaluation.domain import DomainReference, mean_annotations
     from sat_core.data.images import load_and_preprocess
 
@@ -78,16 +78,51 @@ def warned_share(loaded: LoadedCheckpoint, data: KarpathyData, indices: Sequence
     if not stored or not indices:
         return None
     reference = DomainReference.from_dict(stored)
-    warned = 0
+    warned: dict[int, bool] = {}
     for start in range(0, len(indices), 32):
-        loaded_images = [load_and_preprocess(data.images[i].path, loaded.preprocess) for i in indices[start:start + 32]]
+        chunk = indices[start:start + 32]
+        loaded_images = [load_and_preprocess(data.images[i].path, loaded.preprocess) for i in chunk]
         annotations = [None] * len(loaded_images)
         if reference.annotations is not None:
             import torch
 
             annotations = list(mean_annotations(loaded.model, torch.stack([t for t, _, _ in loaded_images])))
-        warned += sum(reference.check(image, a).far for (_, image, _), a in zip(loaded_images, annotations))
-    return warned / len(indices)
+        for i, (_, image, _), a in zip(chunk, loaded_images, annotations):
+            warned[data.images[i].id] = bool(reference.check(image, a).far)
+    return warned
+
+
+def warned_share(loaded: LoadedCheckpoint, data: KarpathyData, indices: Sequence[int]) -> float | None:
+    """The share of the images at ``indices`` that the out-of-domain check warns about (None: no statistics)."""
+    warned = warned_images(loaded, data, indices)
+    return None if warned is None else sum(warned.values()) / len(warned)
+
+
+def erring(record: dict[str, Any]) -> bool | None:
+    """Whether a caption gets an object of its scene wrong: misses one, misnames one, names one the scene does not
+    hold or too many of one (grounded recall or precision under 1); None for a caption with no grounding."""
+    g = record.get("grounding")
+    if g is None or g.get("recall") is None:
+        return None
+    return g["recall"] < 1 or (g.get("precision") if g.get("precision") is not None else 1.0) < 1
+
+
+def warning_figures(warned: dict[int, bool] | None, records: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """How the out-of-domain warning lines up with the captions' object errors over one set (``warned``:
+    ``warned_images``' flags, ``records``: the evaluation's): ``warned`` the share of the images warned about,
+    ``erring`` the share whose caption gets an object wrong (``erring``), ``warned_erring`` the share of those
+    that are warned about (the warning's hit rate where the model fails) and ``warned_right`` the share of the
+    others that are (its false alarms). None where not measurable."""
+    if warned is None:
+        return {"warned": None, "erring": None, "warned_erring": None, "warned_right": None}
+    pairs = [(warned[r["image_id"]], e) for r in records
+             if r["image_id"] in warned and (e := erring(r)) is not None]
+
+    def share(flags: list[bool]) -> float | None:
+        return sum(flags) / len(flags) if flags else None
+
+    return {"warned": share(list(warned.values())), "erring": share([e for _, e in pairs]),
+            "warned_erring": share([w for w, e in pairs if e]), "warned_right": share([w for w, e in pairs if not e])}
 
 
 # ---- the mirror figure -------------------------------------------------------------------------------------
@@ -178,14 +213,15 @@ def report(loaded: LoadedCheckpoint, cfg: DecodeConfig, result: dict[str, Any], 
 
     split = result.get("split", "test")
     out = {split: set_figures(result, data)}
-    out[split]["warned"] = warned_share(loaded, data, _indices(data, split, limit or result.get("n_images")))
+    warned = warned_images(loaded, data, _indices(data, split, limit or result.get("n_images")))
+    out[split].update(warning_figures(warned, result["records"]))
     for name, path in find_sets(suite_dir, shifted, skip_shifted):
         shifted_data = load_karpathy(path, path.parent)
         indices = _indices(shifted_data, split, limit)
         # METEOR is not among the figures: skip its JVM start per set
         scored = evaluate_images(loaded, shifted_data, indices, cfg, meteor=False, batch_size=batch_size)
         out[name] = set_figures(scored, shifted_data)
-        out[name]["warned"] = warned_share(loaded, shifted_data, indices)
+        out[name].update(warning_figures(warned_images(loaded, shifted_data, indices), scored["records"]))
         if name == FLIP:
             out[name]["mirror"] = _mirror_of(result["records"], scored["records"])
     return out
@@ -196,7 +232,8 @@ def table_lines(figures: dict[str, dict[str, Any]]) -> list[str]:
     columns = [("images", "n_images"), ("BLEU-4", "BLEU-4"), ("CIDEr", "CIDEr"), ("prec", "precision"),
                ("recall", "recall"), ("cat.rec", "category_recall"), ("count", "count_accuracy"),
                ("relation", "relation_accuracy"), ("att.corr", "attention_correctness"), ("×unif", "attention_ratio"),
-               ("α entr", "alpha_entropy"), ("empty", "empty_captions"), ("warned", "warned")]
+               ("α entr", "alpha_entropy"), ("empty", "empty_captions"), ("warned", "warned"),
+               ("erring", "erring"), ("warn|err", "warned_erring"), ("warn|ok", "warned_right")]
 
     def cell(v: Any) -> str:
         return "n/a" if v is None else str(v) if isinstance(v, int) else f"{v:.3f}"
