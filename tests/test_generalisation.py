@@ -19,8 +19,7 @@ from sat_core.data.karpathy import ImageRecord, KarpathyData, build_vocab, load_
 from sat_core.evaluate import build_parser, main
 from sat_core.evaluation.evaluate import evaluate
 from sat_core.evaluation.generalisation import (
-    category_recall, erring, left_right_statements, mirror_agreement, set_figures, warned_images, warned_share,
-    warning_figures,
+    category_recall, erring, left_right_statements, mirror_agreement, set_figures, warned_images, warning_figures,
 )
 from sat_core.evaluation.grounding import ground
 from sat_core.models.captioner import Captioner
@@ -150,6 +149,12 @@ def test_a_missing_suite_is_an_error_that_says_how_to_write_it(world_and_model, 
                  "--max-len", "4", "--no-meteor", "--device", "cpu", "--out", str(tmp_path / "m.json"),
                  "--generalisation", str(tmp_path / "nowhere")])
     assert code == 2 and "python -m sat_core.transforms" in capsys.readouterr().err
+
+
+def warned_share(loaded, data, indices) -> float | None:
+    """The share of the images at ``indices`` that the out-of-domain check warns about (None: no statistics)."""
+    flags = warned_images(loaded, data, indices)
+    return None if flags is None else sum(flags.values()) / len(flags)
 
 
 def test_warned_share_counts_the_images_the_domain_check_warns_about(world_and_model, tmp_path):

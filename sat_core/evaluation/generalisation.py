@@ -92,19 +92,14 @@ def warned_images(loaded: LoadedCheckpoint, data: KarpathyData, indices: Sequenc
     return warned
 
 
-def warned_share(loaded: LoadedCheckpoint, data: KarpathyData, indices: Sequence[int]) -> float | None:
-    """The share of the images at ``indices`` that the out-of-domain check warns about (None: no statistics)."""
-    warned = warned_images(loaded, data, indices)
-    return None if warned is None else sum(warned.values()) / len(warned)
-
-
 def erring(record: dict[str, Any]) -> bool | None:
     """Whether a caption gets an object of its scene wrong: misses one, misnames one, names one the scene does not
     hold or too many of one (grounded recall or precision under 1); None for a caption with no grounding."""
     g = record.get("grounding")
     if g is None or g.get("recall") is None:
         return None
-    return g["recall"] < 1 or (g.get("precision") if g.get("precision") is not None else 1.0) < 1
+    precision = g.get("precision")
+    return g["recall"] < 1 or (precision is not None and precision < 1)
 
 
 def warning_figures(warned: dict[int, bool] | None, records: Sequence[dict[str, Any]]) -> dict[str, float | None]:
