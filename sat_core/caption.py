@@ -6,7 +6,8 @@
 A folder stands for its image files (PNG, JPEG, WebP, BMP, GIF, TIFF; sorted by name, not recursive).
 Images are decoded ``--batch-size`` at a time through the one batched ``beam_search``, with a progress
 bar on stderr when it is a terminal. Plain output is one ``IMAGE: caption`` line per image; ``--json``
-prints a list with, per image, the best hypothesis's tokens, words, score, log-probability, α grids
+prints a list with, per image, the best hypothesis's tokens, words, score, log-probability, whether the model
+is unsure of it (when the checkpoint keeps the mark: ``sat_core.evaluation.confidence``), α grids
 (T × gh × gw), β values and every beam hypothesis; ``--jsonl OUT`` writes the same objects one per line
 as images are done; ``--save-attention DIR`` writes the α strip of each caption (one PNG per image).
 An image that cannot be read gets its message on stderr and the others are still captioned; the
@@ -34,6 +35,7 @@ from sat_core.checkpoint import LoadedCheckpoint, load_checkpoint
 from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.decoding import Hypothesis, beam_search, pick_device
 from sat_core.errors import ImageError, SatError
+from sat_core.evaluation.confidence import ConfidenceReference, kept_reference
 from sat_core.data.images import crop_for_display, load_image, preprocess
 from sat_core.io import atomic_write
 
@@ -137,10 +139,12 @@ def hypothesis_summary(hyp: Hypothesis) -> dict[str, Any]:
             "score": hyp.score, "logprob": hyp.logprob, "finished": hyp.finished}
 
 
-def to_json(result: Captioned, *, hard: bool = False) -> dict[str, Any]:
-    """The best hypothesis with its α grids (T, gh, gw) and β (T,), plus every beam's summary."""
+def to_json(result: Captioned, *, hard: bool = False, reference: ConfidenceReference | None = None) -> dict[str, Any]:
+    """The best hypothesis with its α grids (T, gh, gw) and β (T,), plus every beam's summary; with the checkpoint's
+    confidence ``reference``, whether the model is unsure of the caption (``sat_core.evaluation.confidence``)."""
     best = result.best
-    out = {"image": result.source, **hypothesis_summary(best), "grid": list(best.grid),
+    unsure = {"unsure": reference.unsure(best.logprob)} if reference is not None else {}
+    out = {"image": result.source, **hypothesis_summary(best), **unsure, "grid": list(best.grid),
            "alphas": _floats(best.alpha_grids()), "betas": _floats(best.betas),
            "beams": [hypothesis_summary(h) for h in result.hypotheses]}
     if hard:
@@ -213,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             cli.decode_config(args)  # bad values are reported before the checkpoint is read
             loaded = load_checkpoint(args.checkpoint, device=pick_device(args.device))
             cfg = cli.decode_config(args, loaded.decode_defaults())
+            reference = kept_reference(loaded.config)
             outputs = _Outputs.open(args, stack)
         except SatError as err:
             print(f"error: {err}", file=sys.stderr)
@@ -225,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         for n_done, results, bad in iter_captions(loaded, sources, cfg, batch_size=args.batch_size,
                                                   keep_images=outputs.strips is not None):
             for r in results:
-                record = to_json(r, hard=loaded.model.hard) if args.json or outputs.jsonl else {}
+                record = to_json(r, hard=loaded.model.hard, reference=reference) if args.json or outputs.jsonl else {}
                 error = outputs.write(r, record, loaded.preprocess)
                 bad += [(r.source, error)] if error else []
                 if args.json:

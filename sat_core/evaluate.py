@@ -67,6 +67,11 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         lines.append(f"search errors (a reference outscores the caption): {_fmt(search['search_error_rate'])} of "
                      f"{search['n']} images; by label: "
                      + "  ".join(f"{k} {_fmt(v['search_error_rate'])} (n={v['n']})" for k, v in worst))
+    unsure = result.get("confidence")
+    if unsure and unsure["unsure"] is not None:
+        lines.append(f"unsure captions (log p under {unsure['threshold']:.2f}, the {unsure['share']:.0%} mark of the "
+                     f"checkpoint's validation captions): {unsure['unsure']:.1%} of {unsure['n']}; mean CIDEr "
+                     f"{_fmt(unsure['CIDEr_unsure'])} against {_fmt(unsure['CIDEr_others'])} for the others")
     lines += [f"note: {n}" for n in result["notes"]]
     return lines
 

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from sat_core.evaluation import card
+from sat_core.evaluation.confidence import ConfidenceReference
 from sat_core.allocator import keep_freed_memory
 from sat_core import checkpoint as ckpt
 from sat_core import cli
@@ -191,27 +192,34 @@ def as_shipped(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def package(name: str, cfg: TrainConfig, beam: int | None, out_root: Path, *, repackage: bool = False,
-            checkpoint: str = "best") -> dict[str, Any]:
+            checkpoint: str = "best", minutes: float | None = None) -> dict[str, Any]:
     """Evaluate ``best/`` (or ``last/``) of the run (or, with ``repackage``, the shipped checkpoint itself) on
-    the test split and write the shipped checkpoint folder: card, metrics, records, example figure."""
-    from sat_core.evaluation.evaluate import evaluate
+    the test split and write the shipped checkpoint folder: card, metrics, records, example figure.
+    ``minutes``: the ship's budget, which the card's command names where it is not the default (None: the
+    one the checkpoint's summary already records, if any)."""
+    from sat_core.evaluation.evaluate import decode_split, evaluate
 
     target = out_root / name
     loaded = ckpt.load_checkpoint(target if repackage else Path(cfg.out) / checkpoint)
     data = load_karpathy(cfg.data.dataset, cfg.data.images)
     as_shipped(loaded.model)  # the figures describe the weights in the shipped file, not the run's fp32 ones
     decode = cfg.val if beam is None else dataclasses.replace(cfg.val, beam_size=beam)  # the preset's val settings
+    # The unsure flag's reference, from the shipped weights' captions of the validation split, decoded as below.
+    decoded, _ = decode_split(loaded, data, cfg.data.val_split, decode)
+    reference = ConfidenceReference.from_logprobs([d.hypothesis.logprob for d in decoded], split=cfg.data.val_split)
     result = evaluate(loaded, data, "test", decode, search_errors=True)
     if name.startswith("scenes_"):  # and off the generator: the shifted split and the transformation suite
         from sat_core.evaluation.generalisation import report
 
         shifted, suite = ensure_generalisation_sets(cfg)
         result["generalisation"] = report(loaded, decode, result, data, suite_dir=suite, shifted=shifted,
-                                          limit=GENERALISATION_IMAGES)
+                                          limit=GENERALISATION_IMAGES, confidence=reference)
     summary = ((loaded.metrics or {}).get("training") if repackage else
                {**training_summary(Path(cfg.out), checkpoint), "encoder_minutes": _encoder_minutes(cfg)})
     if not summary:
         raise SatError(f"{target} has no training summary in its metrics; rebuild it without --repackage.")
+    if minutes is not None:
+        summary = {**summary, "ship_minutes": minutes}
     records = result.pop("records")
     metrics = {**result, "training": summary}
     figure = example_figure(loaded, data, decode=decode)
@@ -221,7 +229,8 @@ def package(name: str, cfg: TrainConfig, beam: int | None, out_root: Path, *, re
     if domain and not domain.get("annotations"):  # nor the encoder's view of the reference images
         stats["domain"] = {**domain, "annotations": card.annotation_statistics(
             loaded.model, loaded.preprocess, card.domain_images(data))}
-    training = {**stored, **stats, "preset": preset_path(name).name, **summary, "train_config": cfg.to_dict()}
+    training = {**stored, **stats, "preset": preset_path(name).name, **summary, "train_config": cfg.to_dict(),
+                "confidence": reference.to_dict()}
     card_text = model_card(name, cfg, {**loaded.config, "training": training}, metrics, data)
     ckpt.save_checkpoint(
         target, loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
@@ -274,7 +283,8 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
         "",
         "## Data and command",
         f"- World: {world_summary(data, 'scenes' if scenes else 'shapes', cfg.data.train_images)}.",
-        f"- Command: `python -m sat_core.ship {name}` (preset `sat_core/presets/{preset_path(name).name}`).",
+        f"- Command: `{ship_command(name, tr.get('ship_minutes'))}` "
+        f"(preset `sat_core/presets/{preset_path(name).name}`).",
         f"- Encoder: {encoder} Decoder: LSTM {cfg.model.hidden_dim}, "
         f"embedding {cfg.model.embed_dim}, attention MLP {cfg.model.attn_dim}, dropout {cfg.model.dropout}"
         + (f", doubly stochastic λ = {cfg.optim.dsa_lambda}." if cfg.model.attention == "soft" else
@@ -298,6 +308,12 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
                   "| --- | --- | --- |", *(f"| {v['epoch']} | {v['BLEU-4']:.3f} | {v['CIDEr']:.3f} |"
                                           for v in tr["validation"])]
     return card.model_card(name, config, metrics, about=about)
+
+
+def ship_command(name: str, minutes: float | None = None) -> str:
+    """The command that built a shipped model: its budget named where it was not the default."""
+    budget = f" --minutes {minutes:g}" if minutes is not None and minutes != SHIP_MINUTES else ""
+    return f"python -m sat_core.ship {name}{budget}"
 
 
 def world_summary(data: KarpathyData | None, kind: str, train_images: int = 0) -> str:
@@ -418,11 +434,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beam", type=int, default=None,
                    help="beam size of the test-split evaluation (default: the preset's validation beam)")
     p.add_argument("--out", type=Path, default=Path("checkpoints"))
-    p.add_argument("--minutes", type=float, default=SHIP_MINUTES,
-                   help="budget of the whole command; the training gets what is left after the world, less "
-                        f"{EVALUATION_MINUTES:g} min for the evaluation (scenes models: {GENERALISATION_MINUTES:g} "
-                        "more for the generalisation sets; the preset's max_minutes if that is less)")
+    p.add_argument("--minutes", type=float, default=None,
+                   help=f"budget of the whole command (default {SHIP_MINUTES:g}); the training gets what is left after "
+                        f"the world, less {EVALUATION_MINUTES:g} min for the evaluation (scenes models: "
+                        f"{GENERALISATION_MINUTES:g} more for the generalisation sets; the preset's max_minutes if "
+                        "that is less). The card's command names a budget other than the default; with --repackage "
+                        "it names the budget the shipped model was built with")
     args = p.parse_args(argv)
+    budget = SHIP_MINUTES if args.minutes is None else args.minutes
     keep_freed_memory()
     started = time.perf_counter()
     preset = preset_path(args.name)
@@ -440,16 +459,17 @@ def main(argv: list[str] | None = None) -> int:
             ensure_encoder(cfg)
         if not (args.skip_train or args.repackage):
             evaluation = EVALUATION_MINUTES + (GENERALISATION_MINUTES if kind == "scenes" else 0.0)
-            train(preset, training_minutes(args.minutes, (time.perf_counter() - started) / 60, cfg.optim.max_minutes,
+            train(preset, training_minutes(budget, (time.perf_counter() - started) / 60, cfg.optim.max_minutes,
                                            evaluation), overwrite=args.overwrite)
-        metrics = package(args.name, cfg, args.beam, args.out, repackage=args.repackage, checkpoint=args.checkpoint)
+        metrics = package(args.name, cfg, args.beam, args.out, repackage=args.repackage, checkpoint=args.checkpoint,
+                          minutes=args.minutes if args.repackage or args.skip_train else budget)
     except SatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps({k: metrics[k] for k in ("corpus", "grounded", "attention", "training") if k in metrics},
                      indent=2))
     print(f"ship: {args.out / args.name} written in {(time.perf_counter() - started) / 60:.1f} min "
-          f"(budget {args.minutes:g})", flush=True)
+          f"(budget {budget:g})", flush=True)
     return 0
 
 

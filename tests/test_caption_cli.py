@@ -183,3 +183,24 @@ def test_empty_folder_and_unwritable_output(checkpoint, tmp_path, capsys):
     assert main(["--checkpoint", str(checkpoint), str(empty), "--save-attention", str(blocker / "sub")]) == 2
     assert "Cannot write the output" in capsys.readouterr().err
     assert main(["--checkpoint", str(checkpoint), str(empty), "--batch-size", "0"]) == 2
+
+
+def test_json_says_whether_the_model_is_unsure_where_the_checkpoint_keeps_a_mark(checkpoint, files, tmp_path, capsys):
+    """A mark between the two captions' log p: the less likely one is unsure; without a mark there is no field."""
+    from sat_core.evaluation.confidence import ConfidenceReference
+
+    good = [files[0], files[2]]
+    assert main(["--checkpoint", str(checkpoint), *good, "--beam", "3", "--max-len", "5", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert all("unsure" not in item for item in plain)
+    low, high = sorted(item["logprob"] for item in plain)
+    if low == high:
+        pytest.skip("both captions equally likely: no mark lies between them")
+    loaded = load_checkpoint(checkpoint)
+    marked = tmp_path / "marked"
+    save_checkpoint(marked, loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
+                    preprocess=loaded.preprocess,
+                    training={"confidence": ConfidenceReference((low + high) / 2, 0.1, 400).to_dict()})
+    assert main(["--checkpoint", str(marked), *good, "--beam", "3", "--max-len", "5", "--json"]) == 0
+    items = json.loads(capsys.readouterr().out)
+    assert [item["unsure"] for item in items] == [item["logprob"] == low for item in plain]

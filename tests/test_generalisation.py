@@ -14,12 +14,13 @@ from sat_core import cli
 from sat_core.worlds import writer
 from sat_core.worlds.scenes import transforms
 from sat_core.checkpoint import load_checkpoint, save_checkpoint
-from sat_core.config import PreprocessConfig
+from sat_core.config import DecodeConfig, PreprocessConfig
 from sat_core.data.karpathy import ImageRecord, KarpathyData, build_vocab, load_karpathy
-from sat_core.evaluate import build_parser, main
+from sat_core.evaluate import build_parser, main, summary_lines
 from sat_core.evaluation.evaluate import evaluate
 from sat_core.evaluation.generalisation import (
-    category_recall, erring, left_right_statements, mirror_agreement, set_figures, warned_images, warning_figures,
+    category_recall, erring, left_right_statements, mirror_agreement, report, set_figures, unsure_images,
+    warned_images, warning_figures,
 )
 from sat_core.evaluation.grounding import ground
 from sat_core.models.captioner import Captioner
@@ -109,11 +110,14 @@ def test_evaluate_cli_writes_the_figures_of_every_set(world_and_model, tmp_path,
     for name, json_path in [("test", path), ("crop", root / "suite" / "crop" / "dataset.json")]:
         data = load_karpathy(json_path, json_path.parent)
         direct = set_figures(evaluate(loaded, data, "test", cfg, meteor=False), data)
-        row = {k: v for k, v in figures[name].items() if k not in ("warned", "erring", "warned_erring", "warned_right")}
+        row = {k: v for k, v in figures[name].items() if k not in NOTICE_KEYS}
         assert row == pytest.approx(direct, nan_ok=True)
-    # this checkpoint stored no domain statistics: nothing of the warning is measurable
-    assert all(f[k] is None for f in figures.values() for k in ("warned", "erring", "warned_erring", "warned_right"))
+    # this checkpoint stored no domain statistics nor confidence reference: nothing of the notices is measurable
+    assert all(f[k] is None for f in figures.values() for k in NOTICE_KEYS)
     assert all(np.isfinite(f["alpha_entropy"]) for f in figures.values())
+
+
+NOTICE_KEYS = ("warned", "erring", "warned_erring", "warned_right", "unsure", "unsure_erring", "unsure_right")
 
 
 def _record(image_id: int, caption: str, objects=SCENE[:2]) -> dict:
@@ -141,6 +145,38 @@ def test_warning_figures_split_the_warnings_by_whether_the_caption_errs():
     nothing_wrong = warning_figures({0: True}, records[:1])
     assert nothing_wrong["warned_erring"] is None and nothing_wrong["warned_right"] == 1.0
     assert warning_figures(None, records) == dict.fromkeys(("warned", "erring", "warned_erring", "warned_right"))
+
+
+def test_the_unsure_flag_is_measured_on_every_set_against_the_checkpoints_reference(world_and_model):
+    """With a reference kept in the checkpoint, each set's unsure share is the share of its captions whose log p
+    lies under the mark, split by whether the caption errs; an explicit reference wins over the kept one."""
+    from sat_core.evaluation.confidence import ConfidenceReference
+
+    root, path, shifted, checkpoint = world_and_model
+    loaded = load_checkpoint(checkpoint)
+    data = load_karpathy(path, path.parent)
+    cfg = DecodeConfig(beam_size=2, max_len=6)
+    result = evaluate(loaded, data, "test", cfg, meteor=False)
+    logprobs = sorted(r["logprob"] for r in result["records"])
+    mark = (logprobs[1] + logprobs[2]) / 2  # the two least likely captions of five lie under it
+    loaded.config.setdefault("training", {})["confidence"] = ConfidenceReference(mark, 0.1, 400).to_dict()
+    figures = report(loaded, cfg, result, data, suite_dir=root / "suite", shifted=shifted)
+    assert figures["test"]["unsure"] == pytest.approx(2 / 5)
+    flags = unsure_images(ConfidenceReference(mark, 0.1, 400), result["records"])
+    assert sorted(flags.values()) == [False, False, False, True, True]
+    wrong = [erring(r) for r in result["records"]]
+    if any(wrong) and not all(wrong):
+        assert figures["test"]["unsure_erring"] == pytest.approx(
+            np.mean([flags[r["image_id"]] for r, e in zip(result["records"], wrong) if e]))
+    for name in ("shifted", "crop"):
+        assert figures[name]["unsure"] is not None and 0 <= figures[name]["unsure"] <= 1
+    again = evaluate(loaded, data, "test", cfg, meteor=False)  # the summary of every evaluation, any dataset
+    assert again["confidence"]["unsure"] == pytest.approx(2 / 5) and again["confidence"]["n"] == 5
+    line = next(x for x in summary_lines(again) if x.startswith("unsure captions"))
+    assert f"log p under {mark:.2f}, the 10% mark" in line and "40.0% of 5" in line
+    nothing = report(loaded, cfg, result, data, suite_dir=None, shifted=shifted,
+                     confidence=ConfidenceReference(logprobs[0] - 1, 0.1, 400))
+    assert nothing["test"]["unsure"] == 0.0 and nothing["shifted"]["unsure"] == 0.0
 
 
 def test_a_missing_suite_is_an_error_that_says_how_to_write_it(world_and_model, tmp_path, capsys):

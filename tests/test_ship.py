@@ -150,10 +150,12 @@ def test_ship_hands_the_training_its_share_of_the_budget_and_says_how_long_it_to
     monkeypatch.setattr(ship, "ensure_encoder", lambda cfg: None)
     monkeypatch.setattr(ship, "train", lambda preset, minutes, overwrite=False: calls.append((preset.name, minutes))
                         or minutes)
-    monkeypatch.setattr(ship, "package", lambda *a, **k: METRICS)
+    budgets = []
+    monkeypatch.setattr(ship, "package", lambda *a, **k: budgets.append(k["minutes"]) or METRICS)
     monkeypatch.chdir(tmp_path)  # the presets' run directories (runs/NAME) are fresh there
     assert ship.main(["scenes_soft", "--minutes", "20", "--out", str(tmp_path)]) == 0
     [(preset, minutes)] = calls
+    assert budgets == [20.0]  # the card's command names the budget it was built with
     assert preset == "scenes_soft.json"
     # below the preset's 42: the budget less the evaluation, the sets off the generator's included
     reserve = ship.EVALUATION_MINUTES + ship.GENERALISATION_MINUTES
@@ -164,6 +166,11 @@ def test_ship_hands_the_training_its_share_of_the_budget_and_says_how_long_it_to
     calls.clear()
     assert ship.main(["shapes_soft", "--minutes", "20", "--out", str(tmp_path)]) == 0  # no such sets for shapes
     assert 20 - ship.EVALUATION_MINUTES - 0.1 < calls[0][1] <= 20 - ship.EVALUATION_MINUTES
+    budgets.clear()  # a repackage names a budget only when told it; a build without one names the default
+    assert ship.main(["shapes_soft", "--repackage", "--out", str(tmp_path)]) == 0
+    assert ship.main(["shapes_soft", "--repackage", "--minutes", "38", "--out", str(tmp_path)]) == 0
+    assert ship.main(["shapes_soft", "--skip-train", "--out", str(tmp_path)]) == 0
+    assert budgets == [None, 38.0, None]
 
 
 def test_the_card_says_how_long_the_setup_took_when_the_log_kept_it(tmp_path):
@@ -239,7 +246,8 @@ def test_the_scenes_card_shows_the_sets_off_the_generator_beside_the_test_split_
     summary = ship.training_summary(run)
     assert summary["best_epoch"] == 2 and [v["epoch"] for v in summary["validation"]] == [1, 2, 3]
     row = {"n_images": 500, "precision": 0.96, "recall": 0.91, "category_recall": 0.93, "empty_captions": 0,
-           "alpha_entropy": 3.5, "warned": 0.02, "erring": 0.25, "warned_erring": 0.04, "warned_right": 0.01}
+           "alpha_entropy": 3.5, "warned": 0.02, "erring": 0.25, "warned_erring": 0.04, "warned_right": 0.01,
+           "unsure": 0.12, "unsure_erring": 0.37, "unsure_right": 0.06}
     figures = {"test": row, "shifted": {**row, "recall": 0.8}, "hflip": {**row, "mirror": {
         "stated": 40, "surviving": 30, "mirrored": 27, "share": 0.9}}}
     cfg = TrainConfig.from_dict(json.loads(ship.preset_path("scenes_hard").read_text()))
@@ -249,6 +257,13 @@ def test_the_scenes_card_shows_the_sets_off_the_generator_beside_the_test_split_
     assert "| empty captions | 0 | 0 | 0 |" in text and "| count accuracy | n/a | n/a | n/a |" in text
     assert "| captions with an object wrong | 0.250 | 0.250 | 0.250 |" in text
     assert "| warned, of those | 0.040 |" in text and "| warned, of the others | 0.010 |" in text
+    assert "| unsure captions | 0.120 |" in text and "| unsure, of the wrong ones | 0.370 |" in text
+    assert "| unsure, of the others | 0.060 |" in text and "all but 10% of its validation captions" in text
+    assert "- Command: `python -m sat_core.ship scenes_hard` (preset" in text  # no budget recorded: the default
+    assert "`python -m sat_core.ship scenes_hard --minutes 38` (preset" in ship.model_card(
+        "scenes_hard", cfg, {}, {**metrics, "training": {**metrics["training"], "ship_minutes": 38.0}})
+    assert "`python -m sat_core.ship scenes_hard` (preset" in ship.model_card(
+        "scenes_hard", cfg, {}, {**metrics, "training": {**metrics["training"], "ship_minutes": 45.0}})
     assert "27 of the 30 left/right statements" in text and "(0.900; 40 stated" in text
     assert "| 2 | 0.500 | 3.500 |" in text and "## Validation (what the shipped epoch was chosen on)" in text
     assert "Fixed before training and read on no split" in text

@@ -130,6 +130,14 @@ def test_save_then_load_gives_identical_logits(tiny_data, tmp_path):
     assert torch.equal(a, b)
     for k, v in live.state_dict().items():
         assert torch.equal(v, loaded.model.state_dict()[k]), k
+    # the unsure flag's reference: the validation captions of the weights saved, decoded as the trainer validates
+    from sat_core.evaluation.confidence import ConfidenceReference, stored_reference
+    from sat_core.evaluation.evaluate import decode_split
+
+    decoded, _ = decode_split(loaded, load_karpathy(data, images), "val", trainer.cfg.val)
+    expected = ConfidenceReference.from_logprobs([d.hypothesis.logprob for d in decoded])
+    kept = stored_reference(loaded.config)
+    assert kept.captions == 4 and kept.split == "val" and kept.threshold == pytest.approx(expected.threshold, abs=1e-3)
 
 
 # ----------------------------------------------------------------------------- exact resume

@@ -48,6 +48,35 @@ def draw_domain_warning(knows: str, reasons: Sequence[str], source: str, confide
         st.markdown(why)
 
 
+def unsure_note(logprob: float, threshold: float, share: float, captions: int, split: str,
+                measured: dict | None = None) -> tuple[str, str]:
+    """(headline, how it was measured) of the notice that the model is unsure of its caption (``confidence``):
+    its log p under the reference's mark. ``measured``: {set name: figures} of the checkpoint's evaluation, whose
+    ``unsure_erring`` / ``unsure_right`` say how often the flag fell on wrong and on right captions there."""
+    images = "validation" if split == "val" else f"“{split}”"
+    headline = (f"**The model is unsure of this caption.** Under the model it is less likely (log p = {logprob:.2f}) "
+                f"than all but {share:.0%} of the captions it gave its {images} images, so check each object it "
+                "names against the picture.")
+    how = (f"The mark, log p = {threshold:.2f}, is the {share:.0%} quantile of log p(caption) over the {captions} "
+           f"captions the checkpoint's own beam search gave its {images} split. A caption decoded with other settings "
+           "is compared with the same mark. Whether the caption is true is not measured here: the flag only says "
+           "the model gave its words little probability. Not in the paper: a reading of the model's own "
+           "probabilities, which changes no caption.")
+    rows = [f"{name} {f['unsure_erring']:.0%} / {f['unsure_right']:.0%}" for name, f in (measured or {}).items()
+            if isinstance(f, dict) and all(isinstance(f.get(k), (int, float))
+                                           for k in ("unsure_erring", "unsure_right"))]
+    if rows:
+        how += (" Where this checkpoint was evaluated, the flag fell on this share of the captions that get an object "
+                "wrong / of the others: " + "; ".join(rows) + ".")
+    return headline, how
+
+
+def draw_unsure_note(headline: str, how: str) -> None:
+    st.info(headline, icon="🤔")
+    with st.expander("How the app decides the model is unsure"):
+        st.markdown(how)
+
+
 def draw_help(title: str, body: str) -> None:
     with st.expander(title):
         st.markdown(body)

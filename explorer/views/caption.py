@@ -11,6 +11,7 @@ import streamlit as st
 from sat_core import viz
 from sat_core.decoding import Hypothesis, ScoredCaption
 from sat_core.errors import SatError
+from sat_core.evaluation.confidence import stored_reference
 from sat_core.regions import box_mask
 
 from explorer import exports, maps
@@ -28,6 +29,20 @@ from explorer.state import context, keep_choice, write_url
 def crop_note(image: PreparedImage) -> str:
     c = image.crop_info
     return text.crop_note(c.box, c.original_size, c.image_size)
+
+
+def unsure(loaded, logprob: float) -> tuple[str, str] | None:
+    """The unsure notice's texts when the caption's log p is under the checkpoint's mark (``confidence``); None when
+    it is not, or the checkpoint keeps no mark (or a malformed one: no notice rather than a guess)."""
+    try:
+        reference = stored_reference(loaded.config)
+    except SatError:
+        return None
+    if reference is None or not reference.unsure(logprob):
+        return None
+    measured = (loaded.metrics or {}).get("generalisation")
+    return text.unsure_note(logprob, reference.threshold, reference.share, reference.captions, reference.split,
+                            measured if isinstance(measured, dict) else None)
 
 
 def draw_crop(image: PreparedImage) -> None:
@@ -106,6 +121,8 @@ def main() -> None:
         m2.metric("score", f"{numbers.logprob / len(numbers.tokens) ** ctx.decode.length_norm:.2f}",
                   help=f"log p / length^{ctx.decode.length_norm:g}")
         m3.metric("mean word probability", f"{confidence:.3f}")
+        if (note := unsure(loaded, numbers.logprob)) is not None:
+            text.draw_unsure_note(*note)
         if image.uploaded:
             try:
                 check = res.domain_check(image.key, ctx.ckpt_key, ctx.source, loaded, image.original,

@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from sat_core.errors import SatError
+from sat_core.evaluation.confidence import ConfidenceReference, stored_reference
 from sat_core.evaluation.analysis import count_table, count_table_by_groups, slice_metrics, word_type_correctness
 
 from explorer import stepping
@@ -17,8 +18,10 @@ from explorer.resources import Gallery
 from explorer.state import Context, context, keep_choice, set_pending, write_url
 
 
-def records_table(records: list[dict], gallery: Gallery | None) -> pd.DataFrame:
-    """One row per image: thumbnail, file name, caption, scores, labels, references."""
+def records_table(records: list[dict], gallery: Gallery | None,
+                  reference: ConfidenceReference | None = None) -> pd.DataFrame:
+    """One row per image: thumbnail, file name, caption, log p, scores, labels, references; with the checkpoint's
+    confidence ``reference``, whether the model is unsure of the caption."""
     def thumb(r: dict) -> str:
         record = gallery.by_id.get(r["image_id"]) if gallery is not None else None
         return res.thumbnail(str(record.path)) if record is not None else ""
@@ -30,6 +33,9 @@ def records_table(records: list[dict], gallery: Gallery | None) -> pd.DataFrame:
         "file": r.get("filename", ""),
         "image_id": r["image_id"],
         "caption": r["caption"],
+        "log p": r.get("logprob"),
+        **({"unsure": "yes" if r.get("logprob") is not None and reference.unsure(r["logprob"]) else ""}
+           if reference is not None else {}),
         "CIDEr": r["scores"].get("CIDEr"),
         "BLEU-4": r["scores"].get("BLEU-4"),
         "errors": ", ".join(r.get("errors") or []) or "—",
@@ -68,16 +74,33 @@ def filter_ui(table: pd.DataFrame) -> pd.DataFrame:
     labels = c1.multiselect("Error labels (any of)", present, key="err_labels")
     top = float(max(1.0, table["CIDEr"].max() if len(table) else 1.0))
     low, high = c2.slider("CIDEr range", 0.0, top, (0.0, top), key="err_cider")
-    orders = ["CIDEr ↑ (worst first)", "CIDEr ↓", "image_id"]
+    orders = ["CIDEr ↑ (worst first)", "CIDEr ↓", "log p ↑ (least sure first)", "image_id"]
     keep_choice("err_sort", orders)
     order = c3.selectbox("Sort by", orders, key="err_sort")
     keep = table["CIDEr"].between(low, high)
     if labels:
         keep &= table["errors"].apply(lambda e: any(label in e.split(", ") for label in labels))
+    if "unsure" in table and c1.checkbox("Unsure captions only", key="err_unsure", help=UNSURE_HELP):
+        keep &= table["unsure"] == "yes"
     out = table[keep]
     if order.startswith("CIDEr"):
         return out.sort_values("CIDEr", ascending="↑" in order, kind="stable")
+    if order.startswith("log p"):
+        return out.sort_values("log p", ascending=True, kind="stable")
     return out.sort_values("image_id", kind="stable")
+
+
+UNSURE_HELP = ("Captions less likely under the model than all but a share of the captions it gave its validation "
+               "images (the checkpoint's mark; the Caption page flags them). Not in the paper: a reading of the "
+               "model's own probabilities, which changes no caption.")
+
+
+def checkpoint_reference(loaded) -> ConfidenceReference | None:
+    """The checkpoint's confidence reference; None where it keeps none or a malformed one."""
+    try:
+        return stored_reference(loaded.config)
+    except SatError:
+        return None
 
 
 def open_in_step(record: dict) -> None:
@@ -159,14 +182,16 @@ def load_records(ctx, loaded, cfg) -> dict:
     return data
 
 
-def draw_records_table(records: list[dict], ctx: Context) -> None:
+def draw_records_table(records: list[dict], ctx: Context, reference: ConfidenceReference | None = None) -> None:
     """The filterable table of images; a selected row (or the picker) opens in *Step through*."""
-    table = filter_ui(records_table(records, ctx.gallery))
+    table = filter_ui(records_table(records, ctx.gallery, reference))
     st.markdown(f"**{len(table)} images match.** Select a row to open its image in *Step through*, stopped at "
                 "its first wrong word.")
     event = st.dataframe(table, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row",
                          key="err_table", column_config={
                              "image": st.column_config.ImageColumn("image", width="small"),
+                             "log p": st.column_config.NumberColumn("log p", format="%.2f",
+                                                                    help="log p(caption) under the model"),
                              **{name: st.column_config.NumberColumn(name, format="%.3f") for name in SCORES}})
     by_id = {r["image_id"]: r for r in records}
     rows = event.selection.rows if event is not None and hasattr(event, "selection") else []
@@ -230,7 +255,7 @@ def main() -> None:
     st.caption(f"{len(records)} images · records: {data.get('source', 'eval_records.json')}")
     st.caption(records_decoding(data, loaded, cfg))
     draw_summaries(data, len(records))
-    draw_records_table(records, ctx)
+    draw_records_table(records, ctx, checkpoint_reference(loaded))
     st.subheader("Metrics per slice: means of per-image scores")
     slices = pd.DataFrame(slice_metrics(records)).dropna(axis=1, how="all")  # no grounding: no correctness column
     st.dataframe(slices, hide_index=True, width="stretch",

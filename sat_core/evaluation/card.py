@@ -18,6 +18,7 @@ from sat_core.evaluation.caption_errors import WordStats
 from sat_core.checkpoint import CARD_FILE, METRICS_FILE, LoadedCheckpoint
 from sat_core.config import PreprocessConfig
 from sat_core.data.karpathy import KarpathyData
+from sat_core.evaluation.confidence import UNSURE_SHARE
 from sat_core.evaluation.domain import AnnotationReference, DomainReference, mean_annotations
 from sat_core.errors import ImageError
 from sat_core.data.images import load_image, preprocess
@@ -174,7 +175,9 @@ _GENERALISATION_ROWS = (
     ("attention correctness", "attention_correctness"), ("× uniform", "attention_ratio"),
     ("α entropy (nats)", "alpha_entropy"), ("BLEU-4", "BLEU-4"), ("empty captions", "empty_captions"),
     ("out-of-domain warnings", "warned"), ("captions with an object wrong", "erring"),
-    ("warned, of those", "warned_erring"), ("warned, of the others", "warned_right"), ("images", "n_images"),
+    ("warned, of those", "warned_erring"), ("warned, of the others", "warned_right"),
+    ("unsure captions", "unsure"), ("unsure, of the wrong ones", "unsure_erring"),
+    ("unsure, of the others", "unsure_right"), ("images", "n_images"),
 )
 
 
@@ -187,7 +190,10 @@ def generalisation_lines(figures: dict[str, dict[str, Any]] | None) -> list[str]
              "The test split beside sets the model never trained on nor was selected on: the *shifted* split "
              "(surface styles and horizons training never draws) and the test split flipped, zoomed out to 70 %, "
              "darkened to 60 %, saved as JPEG at quality 20, cropped to its central 80 % and turned grey "
-             "(`python -m sat_core.transforms`). Same decoding as above.", "",
+             "(`python -m sat_core.transforms`). Same decoding as above. The explorer's two notices are measured "
+             "against the captions that get an object wrong: the out-of-domain warning (the picture looks unlike "
+             "the training pictures) and the unsure flag (the caption is less likely under the model than all but "
+             f"{UNSURE_SHARE:.0%} of its validation captions).", "",
              "| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     for label, key in _GENERALISATION_ROWS:
         lines.append(f"| {label} | " + " | ".join(_figure(figures[n].get(key)) for n in names) + " |")

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sat_core.evaluation import alpha
+from sat_core.evaluation import alpha, confidence
 from sat_core.evaluation.caption_errors import WordStats, check_against_references
 from sat_core.data.vocab import UNK
 from sat_core.data.words import is_function_word
@@ -381,9 +381,10 @@ def evaluate_images(
     scored = score_decoded(decoded, gated=bool(loaded.model.decoder.gated), stats=word_stats(loaded, data),
                            meteor=meteor, tokenizer=tokenizer)
     precision = resolve(next(loaded.model.parameters()).device, cfg.precision)
+    unsure = confidence.summary(scored["records"], confidence.kept_reference(loaded.config))
     return {"checkpoint": str(loaded.path), "beam": cfg.beam_size, "max_len": cfg.max_len,
             "length_norm": cfg.length_norm, "precision": precision, "tokenizer": tokenizer,
-            "n_images": len(decoded), "skipped": skipped, **scored}
+            "n_images": len(decoded), "skipped": skipped, **scored, **({"confidence": unsure} if unsure else {})}
 
 
 def evaluate(

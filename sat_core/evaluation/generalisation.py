@@ -25,6 +25,7 @@ from sat_core.config import DecodeConfig
 from sat_core.checkpoint import LoadedCheckpoint
 from sat_core.data.karpathy import KarpathyData, load_karpathy
 from sat_core.errors import DatasetError
+from sat_core.evaluation.confidence import ConfidenceReference, stored_reference
 
 DEFAULT_SUITE = Path("data/scenes_suite")
 DEFAULT_SHIFTED = Path("data/scenes_shifted/dataset.json")
@@ -102,22 +103,38 @@ def erring(record: dict[str, Any]) -> bool | None:
     return g["recall"] < 1 or (precision is not None and precision < 1)
 
 
-def warning_figures(warned: dict[int, bool] | None, records: Sequence[dict[str, Any]]) -> dict[str, float | None]:
-    """How the out-of-domain warning lines up with the captions' object errors over one set (``warned``:
-    ``warned_images``' flags, ``records``: the evaluation's): ``warned`` the share of the images warned about,
-    ``erring`` the share whose caption gets an object wrong (``erring``), ``warned_erring`` the share of those
-    that are warned about (the warning's hit rate where the model fails) and ``warned_right`` the share of the
-    others that are (its false alarms). None where not measurable."""
+def warning_figures(warned: dict[int, bool] | None, records: Sequence[dict[str, Any]],
+                    name: str = "warned") -> dict[str, float | None]:
+    """How a notice's per-image flags line up with the captions' object errors over one set (``warned``:
+    ``warned_images``' or ``unsure_images``' flags, ``records``: the evaluation's): ``name`` the share of the
+    images flagged, ``erring`` the share whose caption gets an object wrong (``erring``), ``name_erring`` the
+    share of those that are flagged (the notice's hit rate where the model fails) and ``name_right`` the share of
+    the others that are (its false alarms). None where not measurable."""
     if warned is None:
-        return {"warned": None, "erring": None, "warned_erring": None, "warned_right": None}
+        return {name: None, "erring": None, f"{name}_erring": None, f"{name}_right": None}
     pairs = [(warned[r["image_id"]], e) for r in records
              if r["image_id"] in warned and (e := erring(r)) is not None]
 
     def share(flags: list[bool]) -> float | None:
         return sum(flags) / len(flags) if flags else None
 
-    return {"warned": share(list(warned.values())), "erring": share([e for _, e in pairs]),
-            "warned_erring": share([w for w, e in pairs if e]), "warned_right": share([w for w, e in pairs if not e])}
+    return {name: share(list(warned.values())), "erring": share([e for _, e in pairs]),
+            f"{name}_erring": share([w for w, e in pairs if e]), f"{name}_right": share([w for w, e in pairs if not e])}
+
+
+def unsure_images(reference: ConfidenceReference | None, records: Sequence[dict[str, Any]]) -> dict[int, bool] | None:
+    """{image id: whether its caption is less likely than ``reference`` allows (``confidence``)}; None without
+    a reference."""
+    if reference is None:
+        return None
+    return {r["image_id"]: reference.unsure(r["logprob"]) for r in records if r.get("logprob") is not None}
+
+
+def notice_figures(loaded: LoadedCheckpoint, data: KarpathyData, indices: Sequence[int],
+                   records: Sequence[dict[str, Any]], reference: ConfidenceReference | None) -> dict[str, Any]:
+    """Both notices' figures over one set: the out-of-domain warning's and the unsure caption flag's."""
+    return {**warning_figures(warned_images(loaded, data, indices), records),
+            **warning_figures(unsure_images(reference, records), records, "unsure")}
 
 
 # ---- the mirror figure -------------------------------------------------------------------------------------
@@ -201,22 +218,26 @@ def _indices(data: KarpathyData, split: str, limit: int | None) -> list[int]:
 
 def report(loaded: LoadedCheckpoint, cfg: DecodeConfig, result: dict[str, Any], data: KarpathyData, *,
            suite_dir: str | Path | None = DEFAULT_SUITE, shifted: str | Path | None = None,
-           limit: int | None = None, batch_size: int = 32, skip_shifted: bool = False) -> dict[str, dict[str, Any]]:
+           limit: int | None = None, batch_size: int = 32, skip_shifted: bool = False,
+           confidence: ConfidenceReference | None = None) -> dict[str, dict[str, Any]]:
     """{set name: figures} for the in-distribution ``result`` (``evaluate.evaluate``'s, on ``data``; named by its
-    split) and each set of ``find_sets``, every set decoded and scored by ``evaluate.evaluate_images``."""
+    split) and each set of ``find_sets``, every set decoded and scored by ``evaluate.evaluate_images``.
+    ``confidence``: the unsure flag's reference (default: the checkpoint's own, if it keeps one)."""
     from sat_core.evaluation.evaluate import evaluate_images
 
     split = result.get("split", "test")
     out = {split: set_figures(result, data)}
-    warned = warned_images(loaded, data, _indices(data, split, limit or result.get("n_images")))
-    out[split].update(warning_figures(warned, result["records"]))
+    if confidence is None:
+        confidence = stored_reference(loaded.config)
+    out[split].update(notice_figures(loaded, data, _indices(data, split, limit or result.get("n_images")),
+                                     result["records"], confidence))
     for name, path in find_sets(suite_dir, shifted, skip_shifted):
         shifted_data = load_karpathy(path, path.parent)
         indices = _indices(shifted_data, split, limit)
         # METEOR is not among the figures: skip its JVM start per set
         scored = evaluate_images(loaded, shifted_data, indices, cfg, meteor=False, batch_size=batch_size)
         out[name] = set_figures(scored, shifted_data)
-        out[name].update(warning_figures(warned_images(loaded, shifted_data, indices), scored["records"]))
+        out[name].update(notice_figures(loaded, shifted_data, indices, scored["records"], confidence))
         if name == FLIP:
             out[name]["mirror"] = _mirror_of(result["records"], scored["records"])
     return out
@@ -228,7 +249,8 @@ def table_lines(figures: dict[str, dict[str, Any]]) -> list[str]:
                ("recall", "recall"), ("cat.rec", "category_recall"), ("count", "count_accuracy"),
                ("relation", "relation_accuracy"), ("att.corr", "attention_correctness"), ("×unif", "attention_ratio"),
                ("α entr", "alpha_entropy"), ("empty", "empty_captions"), ("warned", "warned"),
-               ("erring", "erring"), ("warn|err", "warned_erring"), ("warn|ok", "warned_right")]
+               ("erring", "erring"), ("warn|err", "warned_erring"), ("warn|ok", "warned_right"),
+               ("unsure", "unsure"), ("uns|err", "unsure_erring"), ("uns|ok", "unsure_right")]
 
     def cell(v: Any) -> str:
         return "n/a" if v is None else str(v) if isinstance(v, int) else f"{v:.3f}"

@@ -40,6 +40,12 @@ class Sample:
     grid: tuple[int, int]
     reference: str
 
+    @classmethod
+    def of(cls, image: Any, hyp: Any, reference: str) -> "Sample":
+        """A validation caption (a beam search ``Hypothesis``); ``image`` (3, S, S) uint8 as the encoder saw it."""
+        words = hyp.words + (["<end>"] if hyp.finished else [])
+        return cls(image.permute(1, 2, 0).cpu().numpy(), words, hyp.alphas, hyp.grid, reference)
+
 
 class StepLog:
     """Appends per-step rows and events; ``close()`` (or a save) flushes them."""

@@ -27,6 +27,7 @@ from sat_core.data.vocab import Vocab
 from sat_core.decoding import beam_search, pick_device
 from sat_core.errors import SatError
 from sat_core.evaluation.card import annotation_statistics, domain_images, training_statistics
+from sat_core.evaluation.confidence import ConfidenceReference
 from sat_core.io import read_tensors, write_json_atomic
 from sat_core.models.captioner import Captioner
 from sat_core.models.encoder import Annotations
@@ -80,6 +81,7 @@ class Trainer:
         self.best, self.bad_epochs, self.train_seconds = -1.0, 0, 0.0
         self.baseline = MovingBaseline(cfg.model.hard.baseline_decay)
         self.plateau = Plateau.of(cfg.optim)
+        self.confidence: dict[str, Any] | None = None  # from the latest validation (validate), or the resumed save
         if resume:
             self._restore()
         self.lr = self._rate()  # the schedule's rate; set before every step
@@ -403,7 +405,7 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         from sat_core.evaluation.metrics import caption_metrics
 
-        refs, hyps, figures = {}, {}, []
+        refs, hyps, figures, logprobs = {}, {}, [], []
         for ids, images in self.val_images:
             if self.feed is not None:  # the cache holds the validation split too: no encoder pass
                 with torch.no_grad():
@@ -414,10 +416,12 @@ class Trainer:
             results = beam_search(self.model, inputs, self.vocab, self.cfg.val)
             for k, (i, hyp) in enumerate(zip(ids, results)):
                 hyps[i] = hyp[0].caption
+                logprobs.append(hyp[0].logprob)
                 refs[i] = [" ".join(s) for s in self.val_images.references(i)]
                 if self.steps is not None and len(figures) < SAMPLES:
-                    figures.append(_sample(images[k], hyp[0], refs[i][0]))
-        self.figures = figures
+                    figures.append(Sample.of(images[k], hyp[0], refs[i][0]))
+        self.figures = figures  # below: the unsure flag's reference (evaluation.confidence), saved with these weights
+        self.confidence = ConfidenceReference.from_logprobs(logprobs, split=self.cfg.data.val_split).to_dict()
         self.samples = [(hyps[i], refs[i][0]) for i in list(hyps)[:SAMPLES]]  # shown on the console
         report = caption_metrics(refs, hyps, meteor=False)
         return report.corpus
@@ -468,6 +472,7 @@ class Trainer:
         training = {"train_config": cfg.to_dict(), "epoch": self.epoch, "step": self.step,
                     "planned_epochs": self.planned_epochs,  # the schedule's length, once fitted to --max-minutes
                     "dataset": str(cfg.data.dataset), **self._domain_statistics(refresh),
+                    **({"confidence": self.confidence} if self.confidence else {}),
                     # what the model card says of the data, the choice of this epoch and the time it took
                     "images": {split: self.data.split_counts.get(split, 0) for split in ("train", cfg.data.val_split)},
                     "captions": len(self.train_set), "processes": self.world,
@@ -479,8 +484,9 @@ class Trainer:
 
     def _restore(self) -> None:
         last = self.run_dir / "last"
-        tensors, _config = ckpt.read_checkpoint(last)
+        tensors, config = ckpt.read_checkpoint(last)
         self.model.load_state_dict(tensors)
+        self.confidence = (config.get("training") or {}).get("confidence")
         state = json.loads((last / STATE_JSON).read_text())
         flat, _meta = read_tensors(last / STATE_TENSORS)
         saved = unflatten_state(flat, state["skeleton"])
@@ -589,10 +595,3 @@ class Trainer:
             self.stop_signal = signum
 
         return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-
-
-def _sample(image: torch.Tensor, hyp, reference: str) -> Sample:
-    """A validation caption with what its figure needs; ``image`` (3, S, S) uint8 as the encoder saw it."""
-    words = hyp.words + (["<end>"] if hyp.finished else [])
-    return Sample(image.permute(1, 2, 0).cpu().numpy(), words, hyp.alphas, hyp.grid, reference)

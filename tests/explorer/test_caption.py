@@ -265,3 +265,58 @@ def test_the_card_says_what_taught_alpha(explorer_env, ckpt, taught):
     facts = at.dataframe[0].value.set_index("")["value"]
     assert facts["α trained by"] == taught
     assert facts["gate β"] == ("off" if "hard" in ckpt else "on")  # hard attention has no gate, whatever its config
+
+
+@pytest.mark.parametrize("offset, shown", [(0.5, True), (-0.5, False)])
+def test_a_caption_under_the_checkpoints_mark_is_flagged_unsure_with_how_it_was_measured(
+        explorer_env, tmp_path, monkeypatch, offset, shown):
+    """The tiny soft model again, with a confidence reference whose mark lies just above (or below) the log p of
+    the first scene's caption: the page says the model is unsure (or says nothing), and the folded note gives the
+    mark and what the checkpoint's evaluation measured of the flag."""
+    import os
+
+    from sat_core.checkpoint import save_checkpoint
+    from sat_core.evaluation.confidence import ConfidenceReference
+
+    loaded = explorer_env.checkpoint("soft")
+    best = expected_beams(explorer_env, "soft", explorer_env.scene_path(explorer_env.test_ids()[0]))[0]
+    mark = ConfidenceReference(best.logprob + offset, 0.1, 400)
+    save_checkpoint(tmp_path / "marked", loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
+                    preprocess=loaded.preprocess, training={"confidence": mark.to_dict()},
+                    metrics={"generalisation": {"test": {"unsure_erring": 0.4, "unsure_right": 0.06},
+                                                "shifted": {"unsure_erring": None}, "crop": "hostile"}},
+                    model_card="# Marked\n")
+    monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
+    at = new_app({"ckpt": "marked"})
+    at.run()
+    assert not at.exception
+    assert caption_shown(at) == best.caption
+    notes = [i.value for i in at.info if i.value.startswith("**The model is unsure of this caption.**")]
+    assert len(notes) == int(shown)
+    if shown:
+        assert f"log p = {best.logprob:.2f}" in notes[0]
+        assert "all but 10% of the captions it gave its validation images" in notes[0]
+        how = [m.value for m in at.markdown if m.value.startswith("The mark, log p = ")]
+        assert how == [f"The mark, log p = {mark.threshold:.2f}, is the 10% quantile of log p(caption) over the 400 "
+                       "captions the checkpoint's own beam search gave its validation split. A caption decoded with "
+                       "other settings is compared with the same mark. Whether the caption is true is not measured "
+                       "here: the flag only says the model gave its words little probability. Not in the paper: a "
+                       "reading of the model's own probabilities, which changes no caption. Where this checkpoint was "
+                       "evaluated, the flag fell on this share of the captions that get an object wrong / of the "
+                       "others: test 40% / 6%."]
+
+
+def test_a_malformed_mark_shows_no_flag_and_the_page_works(explorer_env, tmp_path, monkeypatch):
+    import os
+
+    from sat_core.checkpoint import save_checkpoint
+
+    loaded = explorer_env.checkpoint("soft")
+    save_checkpoint(tmp_path / "badmark", loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
+                    preprocess=loaded.preprocess, training={"confidence": {"threshold": "high"}},
+                    model_card="# Bad mark\n")
+    monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
+    at = new_app({"ckpt": "badmark"})
+    at.run()
+    assert not at.exception and caption_shown(at)
+    assert not any("unsure" in i.value for i in at.info)

@@ -183,3 +183,33 @@ def test_error_analysis_reads_stored_eval_records(explorer_env, tmp_path, monkey
     captions = list(at.dataframe[0].value["caption"])
     assert captions and not any(c.startswith("stored caption") for c in captions)
     assert any("computed over" in c.value and "beam 2" in c.value for c in at.caption)
+
+
+def test_error_analysis_marks_the_unsure_captions_and_sorts_least_sure_first(explorer_env, tmp_path, monkeypatch):
+    """The tiny soft model with a confidence mark between its gallery captions' log p: the table's log p is the
+    records', *unsure* marks the captions under the mark, the filter keeps only those, the order puts the least
+    likely first. Without a mark there is no unsure column."""
+    from sat_core.checkpoint import save_checkpoint
+    from sat_core.evaluation.confidence import ConfidenceReference
+
+    plain = open_page("errors")
+    table = plain.dataframe[0].value
+    assert "unsure" not in table and "log p" in table
+    expected = {r["image_id"]: r["logprob"] for r in _evaluated_gallery(explorer_env, plain)["records"]}
+    assert dict(zip(table["image_id"], table["log p"])) == pytest.approx(expected)
+    logprobs = sorted(expected.values())
+    mark = (logprobs[2] + logprobs[3]) / 2  # the three least likely captions lie under it
+    loaded = explorer_env.checkpoint("soft")
+    save_checkpoint(tmp_path / "marked", loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
+                    preprocess=loaded.preprocess,
+                    training={"confidence": ConfidenceReference(mark, 0.1, 400).to_dict()},
+                    model_card="# Marked\n")
+    monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
+    at = open_page("errors", {"ckpt": "marked"})
+    table = at.dataframe[0].value
+    assert sorted(table.loc[table["unsure"] == "yes", "log p"]) == pytest.approx(logprobs[:3])
+    at.checkbox(key="err_unsure").check().run()
+    assert len(at.dataframe[0].value) == 3 and set(at.dataframe[0].value["unsure"]) == {"yes"}
+    at.checkbox(key="err_unsure").uncheck().run()
+    at.selectbox(key="err_sort").set_value("log p ↑ (least sure first)").run()
+    assert list(at.dataframe[0].value["log p"]) == pytest.approx(logprobs)
