@@ -11,8 +11,10 @@ from sat_core.checkpoint import LoadedCheckpoint
 from sat_core.config import DecodeConfig
 from sat_core.decoding import Hypothesis, Intervention, ScoredCaption
 from sat_core.data.masks import rle_decode
+from sat_core.evaluation.confidence import kept_reference
 
 from explorer import resources as res
+from explorer.components import text
 from explorer.resources import PreparedImage
 from explorer.state import Context
 
@@ -118,3 +120,14 @@ def object_label(obj: dict) -> str:
     if "category" in obj:  # scenes world: colour may be None
         return f"{obj['id']}: " + " ".join(w for w in (obj.get("colour"), obj["category"]) if w)
     return f"{obj['id']}: {obj['size']} {obj['colour']} {obj['shape']}"
+
+
+def unsure_note(loaded: LoadedCheckpoint, logprob: float) -> tuple[str, str] | None:
+    """The unsure notice's texts when the caption's log p is under the checkpoint's mark (``confidence``); None when
+    it is not, or the checkpoint keeps no mark (or a malformed one: no notice rather than a guess)."""
+    reference = kept_reference(loaded.config)
+    if reference is None or not reference.unsure(logprob):
+        return None
+    measured = (loaded.metrics or {}).get("generalisation")
+    return text.unsure_note(logprob, reference.threshold, reference.share, reference.captions, reference.split,
+                            measured if isinstance(measured, dict) else None)

@@ -11,7 +11,6 @@ import streamlit as st
 from sat_core import viz
 from sat_core.decoding import Hypothesis, ScoredCaption
 from sat_core.errors import SatError
-from sat_core.evaluation.confidence import stored_reference
 from sat_core.regions import box_mask
 
 from explorer import exports, maps
@@ -20,7 +19,9 @@ from explorer.components import text
 from explorer.components.figures import draw_alpha
 from explorer.components.images import draw_crop_view
 from explorer.components.text import draw_domain_warning, draw_help, draw_references
-from explorer.guards import beams, decoding_line, model_knowledge, need_image, need_model, read_back
+from explorer.guards import (
+    beams, decoding_line, model_knowledge, need_image, need_model, read_back, unsure_note,
+)
 from explorer.maps import MapSettings
 from explorer.resources import PreparedImage
 from explorer.state import context, keep_choice, write_url
@@ -29,20 +30,6 @@ from explorer.state import context, keep_choice, write_url
 def crop_note(image: PreparedImage) -> str:
     c = image.crop_info
     return text.crop_note(c.box, c.original_size, c.image_size)
-
-
-def unsure(loaded, logprob: float) -> tuple[str, str] | None:
-    """The unsure notice's texts when the caption's log p is under the checkpoint's mark (``confidence``); None when
-    it is not, or the checkpoint keeps no mark (or a malformed one: no notice rather than a guess)."""
-    try:
-        reference = stored_reference(loaded.config)
-    except SatError:
-        return None
-    if reference is None or not reference.unsure(logprob):
-        return None
-    measured = (loaded.metrics or {}).get("generalisation")
-    return text.unsure_note(logprob, reference.threshold, reference.share, reference.captions, reference.split,
-                            measured if isinstance(measured, dict) else None)
 
 
 def draw_crop(image: PreparedImage) -> None:
@@ -121,7 +108,7 @@ def main() -> None:
         m2.metric("score", f"{numbers.logprob / len(numbers.tokens) ** ctx.decode.length_norm:.2f}",
                   help=f"log p / length^{ctx.decode.length_norm:g}")
         m3.metric("mean word probability", f"{confidence:.3f}")
-        if (note := unsure(loaded, numbers.logprob)) is not None:
+        if (note := unsure_note(loaded, numbers.logprob)) is not None:
             text.draw_unsure_note(*note)
         if image.uploaded:
             try:

@@ -16,8 +16,8 @@ from sat_core.regions import mask_in_crop
 from explorer import maps, runlog, stepping
 from explorer.components import stepper
 from explorer.components.figures import draw_alpha, draw_topk
-from explorer.components.text import crop_note, draw_caption, draw_help, draw_references
-from explorer.guards import decoding_line, need_image, need_model, object_masks
+from explorer.components.text import crop_note, draw_caption, draw_help, draw_references, draw_unsure_note
+from explorer.guards import decoding_line, need_image, need_model, object_masks, unsure_note
 from explorer.maps import MapSettings
 from explorer.resources import PreparedImage
 from explorer.state import Context, context, write_url
@@ -179,6 +179,8 @@ def _draw_view(ctx: Context, image: PreparedImage, loaded, timer: float | None) 
         st.success(f"Caption complete after {len(words)} steps: log p = {session.logprob:.2f}" if ended else
                    f"Caption cut at the length cap of {ctx.decode.max_len} words (log p = {session.logprob:.2f}); "
                    "raise *Max length* in the sidebar to let it finish.")
+        if (unsure := unsure_note(loaded, session.logprob)) is not None:
+            draw_unsure_note(*unsure)
     draw_step(ctx, image, session, loaded.model.hard, stepping.following(ctx))
     if ctx.maps.coverage:
         draw_coverage(image, session, ctx.maps)

@@ -298,3 +298,27 @@ def test_the_presenter_view_shows_the_step_through_steps_in_large_type(explorer_
     at.switch_page("views/step.py").run()
     assert step_line(at).startswith("**Step 4:**")  # back in Step through where the presenter left it
     assert words.split()[-1].replace("<mark>", "").replace("</mark>", "").strip("*") in step_line(at)
+
+
+@pytest.mark.parametrize("mark, shown", [(0.0, True), (-1e6, False)])
+def test_a_finished_caption_under_the_checkpoints_mark_is_flagged_unsure(explorer_env, tmp_path, monkeypatch,
+                                                                         mark, shown):
+    """Played to its end, a caption whose log p lies under the checkpoint's mark (any caption under 0) gets the
+    Caption page's unsure note; with a mark no caption goes under, none."""
+    import os
+
+    from sat_core.checkpoint import save_checkpoint
+    from sat_core.evaluation.confidence import ConfidenceReference
+
+    loaded = explorer_env.checkpoint("soft")
+    save_checkpoint(tmp_path / "marked", loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
+                    preprocess=loaded.preprocess, training={"confidence": ConfidenceReference(mark, 0.1, 400).to_dict()})
+    monkeypatch.setenv("SAT_CHECKPOINT_DIRS", os.pathsep.join([str(explorer_env.roots), str(tmp_path)]))
+    at = open_step({"ckpt": "marked", "scene": str(explorer_env.test_ids()[0]), "step": "99"})
+    done = [s.value for s in at.success if s.value.startswith(("Caption complete", "Caption cut"))]
+    assert len(done) == 1  # played to its end (finished, or cut at the length cap)
+    notes = [i.value for i in at.info if i.value.startswith("**The model is unsure of this caption.**")]
+    assert len(notes) == int(shown)
+    if notes:
+        logprob = float(done[0].split("log p = ")[1].split(")")[0])
+        assert f"(log p = {logprob:.2f})" in notes[0]
