@@ -141,3 +141,12 @@ def test_a_trained_checkpoint_carries_what_its_card_says_of_the_run(tmp_path):
     assert "- Size: 4 training images with 4 captions; validation on 4 images of the val split." in lines
     assert any(x.startswith("- Selected by: validation CIDEr on the val split (best ") for x in lines)
     assert any(x.startswith("- Training time: ") and "min of training and validation" in x for x in lines)
+
+
+def test_card_shows_the_unsure_captions_and_their_cider_beside_the_others(result, checkpoint):
+    config = load_checkpoint(checkpoint).config
+    unsure = {"threshold": -5.0, "share": 0.1, "n": 10, "unsure": 0.3, "CIDEr_unsure": 1.25, "CIDEr_others": 2.5}
+    card = model_card("soft", config, {**json.loads(json.dumps(result)), "confidence": unsure})
+    assert "| unsure captions | 0.300 |" in card
+    assert "| mean CIDEr of the unsure captions | 1.250 |" in card and "| mean CIDEr of the others | 2.500 |" in card
+    assert "unsure captions" not in model_card("soft", config, json.loads(json.dumps(result)))

@@ -117,6 +117,9 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
               if isinstance(v, (int, float))]
     lines += [f"| attention {k} | {_figure(v)} |" for k, v in metrics.get("attention", {}).items()
               if isinstance(v, (int, float))]
+    unsure = metrics.get("confidence") or {}
+    lines += [f"| {label} | {_figure(unsure[k])} |" for label, k in _UNSURE_ROWS
+              if isinstance(unsure.get(k), (int, float))]
     lines += generalisation_lines(metrics.get("generalisation"))
     lines += ["", f"Produced by `sat_core.evaluate`; `{RECORDS_FILE}` holds the per-image records."]
     return "\n".join(lines) + "\n"
@@ -167,6 +170,10 @@ def _schedule(optim: dict[str, Any], training: dict[str, Any]) -> str:
         text += f", after a linear warmup over its first {optim['warmup_steps']} steps"
     return text
 
+
+# The unsure captions' rows of the split's table: (label, key of confidence.summary).
+_UNSURE_ROWS = (("unsure captions", "unsure"), ("mean CIDEr of the unsure captions", "CIDEr_unsure"),
+                ("mean CIDEr of the others", "CIDEr_others"))
 
 # The generalisation table's rows: (label, key of sat_core.evaluation.generalisation.set_figures).
 _GENERALISATION_ROWS = (
