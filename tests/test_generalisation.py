@@ -177,6 +177,9 @@ def test_the_unsure_flag_is_measured_on_every_set_against_the_checkpoints_refere
     nothing = report(loaded, cfg, result, data, suite_dir=None, shifted=shifted,
                      confidence=ConfidenceReference(logprobs[0] - 1, 0.1, 400))
     assert nothing["test"]["unsure"] == 0.0 and nothing["shifted"]["unsure"] == 0.0
+    loaded.config["training"]["confidence"] = {"threshold": "high"}  # malformed: evaluated without the flag
+    spoilt = report(loaded, cfg, result, data, suite_dir=None, shifted=shifted)
+    assert spoilt["test"]["unsure"] is None and spoilt["test"]["precision"] == figures["test"]["precision"]
 
 
 def test_a_missing_suite_is_an_error_that_says_how_to_write_it(world_and_model, tmp_path, capsys):

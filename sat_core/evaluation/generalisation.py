@@ -25,7 +25,7 @@ from sat_core.config import DecodeConfig
 from sat_core.checkpoint import LoadedCheckpoint
 from sat_core.data.karpathy import KarpathyData, load_karpathy
 from sat_core.errors import DatasetError
-from sat_core.evaluation.confidence import ConfidenceReference, stored_reference
+from sat_core.evaluation.confidence import ConfidenceReference, kept_reference
 
 DEFAULT_SUITE = Path("data/scenes_suite")
 DEFAULT_SHIFTED = Path("data/scenes_shifted/dataset.json")
@@ -228,7 +228,7 @@ def report(loaded: LoadedCheckpoint, cfg: DecodeConfig, result: dict[str, Any], 
     split = result.get("split", "test")
     out = {split: set_figures(result, data)}
     if confidence is None:
-        confidence = stored_reference(loaded.config)
+        confidence = kept_reference(loaded.config)
     out[split].update(notice_figures(loaded, data, _indices(data, split, limit or result.get("n_images")),
                                      result["records"], confidence))
     for name, path in find_sets(suite_dir, shifted, skip_shifted):
