@@ -108,8 +108,6 @@ def main() -> None:
         m2.metric("score", f"{numbers.logprob / len(numbers.tokens) ** ctx.decode.length_norm:.2f}",
                   help=f"log p / length^{ctx.decode.length_norm:g}")
         m3.metric("mean word probability", f"{confidence:.3f}")
-        if (note := unsure_note(loaded, numbers.logprob)) is not None:
-            text.draw_unsure_note(*note)
         if image.uploaded:
             try:
                 check = res.domain_check(image.key, ctx.ckpt_key, ctx.source, loaded, image.original,
@@ -119,6 +117,8 @@ def main() -> None:
             if check is not None and check.far:
                 draw_domain_warning(model_knowledge(loaded), check.reasons, check.source, confidence,
                                     compressed_only=check.compressed_only)
+        if (note := unsure_note(loaded, numbers.logprob)) is not None:
+            text.draw_unsure_note(*note)
         st.markdown(f"**The beam's {len(hyps)} hypotheses** (beam size {ctx.decode.beam_size})")
         draw_beam_table(hyps, [read_back(ctx, h) for h in hyps], ctx.decode.length_norm)
         draw_references(image.references)
