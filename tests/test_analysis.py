@@ -65,6 +65,14 @@ def test_slice_metrics_group_records():
     assert rows["error: wrong_colour"]["images"] == 2 and rows["error: wrong_colour"]["CIDEr"] == pytest.approx(0.25)
     assert rows["error: wrong_colour"]["attention_correctness"] == pytest.approx(0.2)  # None is left out
     assert rows["2 objects"]["images"] == 2 and rows["1 object"]["BLEU-4"] == pytest.approx(0.5)
+    assert "unsure captions" not in rows  # no reference: no such slices
+    from sat_core.evaluation.confidence import ConfidenceReference
+
+    for record, logprob in zip(records, (-2.0, -9.0, -7.0)):
+        record["logprob"] = logprob
+    rows = {r["slice"]: r for r in slice_metrics(records, ConfidenceReference(-5.0, 0.1, 400))}
+    assert rows["unsure captions"]["images"] == 2 and rows["unsure captions"]["CIDEr"] == pytest.approx(0.25)
+    assert rows["the other captions"]["images"] == 1 and rows["the other captions"]["CIDEr"] == pytest.approx(1.0)
 
 
 def test_count_table_crosses_what_was_said_with_the_scene():

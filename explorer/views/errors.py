@@ -255,9 +255,10 @@ def main() -> None:
     st.caption(f"{len(records)} images · records: {data.get('source', 'eval_records.json')}")
     st.caption(records_decoding(data, loaded, cfg))
     draw_summaries(data, len(records))
-    draw_records_table(records, ctx, checkpoint_reference(loaded))
+    reference = checkpoint_reference(loaded)
+    draw_records_table(records, ctx, reference)
     st.subheader("Metrics per slice: means of per-image scores")
-    slices = pd.DataFrame(slice_metrics(records)).dropna(axis=1, how="all")  # no grounding: no correctness column
+    slices = pd.DataFrame(slice_metrics(records, reference)).dropna(axis=1, how="all")  # no grounding: no correctness
     st.dataframe(slices, hide_index=True, width="stretch",
                  column_config={name: st.column_config.NumberColumn(name, format="%.3f") for name in SCORES})
     draw_word_types(records)
@@ -279,7 +280,10 @@ def main() -> None:
         "records as `python -m sat_core.evaluate --records`. *search error*: *yes* when the model itself scores "
         "one of the references (shown) higher than the caption beam search returned, so a better search "
         "would have helped; *no* when it prefers its own caption to every reference, so the caption's "
-        "mistakes are the model's (`--search-errors`)."))
+        "mistakes are the model's (`--search-errors`). *log p*: the caption's log-probability under the model; "
+        "*unsure*: under the checkpoint's mark, the log p of the 10 % least likely captions it gave its validation "
+        "images (not in the paper: it reads the model's probabilities, it changes no caption), with slices of "
+        "its own among the metrics per slice."))
 
 
 main()

@@ -40,11 +40,16 @@ class Slice:
         }
 
 
-def slice_metrics(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Mean per-image CIDEr, BLEU-4 and attention correctness over slices: all images, no error,
-    each error label, and each number of objects in the scene."""
+def slice_metrics(records: Sequence[Mapping[str, Any]], reference: Any = None) -> list[dict[str, Any]]:
+    """Mean per-image CIDEr, BLEU-4 and attention correctness over slices: all images, no error, the captions the
+    model is unsure of and the others (with a ``confidence.ConfidenceReference``), each error label, and each
+    number of objects in the scene."""
     slices = [Slice("all images", list(records)),
               Slice("no error", [r for r in records if not r.get("errors")])]
+    if reference is not None:
+        scored = [r for r in records if r.get("logprob") is not None]
+        slices += [Slice("unsure captions", [r for r in scored if reference.unsure(r["logprob"])]),
+                   Slice("the other captions", [r for r in scored if not reference.unsure(r["logprob"])])]
     labels = sorted({label for r in records for label in r.get("errors") or []})
     slices += [Slice(f"error: {label}", [r for r in records if label in (r.get("errors") or [])]) for label in labels]
     counts = sorted({r["n_objects"] for r in records if r.get("n_objects") is not None})

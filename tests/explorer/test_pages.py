@@ -208,6 +208,8 @@ def test_error_analysis_marks_the_unsure_captions_and_sorts_least_sure_first(exp
     at = open_page("errors", {"ckpt": "marked"})
     table = at.dataframe[0].value
     assert sorted(table.loc[table["unsure"] == "yes", "log p"]) == pytest.approx(logprobs[:3])
+    slices = at.dataframe[1].value.set_index("slice")
+    assert slices.loc["unsure captions", "images"] == 3 and slices.loc["the other captions", "images"] == len(table) - 3
     at.checkbox(key="err_unsure").check().run()
     assert len(at.dataframe[0].value) == 3 and set(at.dataframe[0].value["unsure"]) == {"yes"}
     at.checkbox(key="err_unsure").uncheck().run()
