@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from sat_core.errors import SatError
-from sat_core.evaluation.confidence import ConfidenceReference, stored_reference
+from sat_core.evaluation.confidence import ConfidenceReference, kept_reference
 from sat_core.evaluation.analysis import count_table, count_table_by_groups, slice_metrics, word_type_correctness
 
 from explorer import stepping
@@ -93,14 +93,6 @@ def filter_ui(table: pd.DataFrame) -> pd.DataFrame:
 UNSURE_HELP = ("Captions less likely under the model than all but a share of the captions it gave its validation "
                "images (the checkpoint's mark; the Caption page flags them). Not in the paper: a reading of the "
                "model's own probabilities, which changes no caption.")
-
-
-def checkpoint_reference(loaded) -> ConfidenceReference | None:
-    """The checkpoint's confidence reference; None where it keeps none or a malformed one."""
-    try:
-        return stored_reference(loaded.config)
-    except SatError:
-        return None
 
 
 def open_in_step(record: dict) -> None:
@@ -255,7 +247,7 @@ def main() -> None:
     st.caption(f"{len(records)} images · records: {data.get('source', 'eval_records.json')}")
     st.caption(records_decoding(data, loaded, cfg))
     draw_summaries(data, len(records))
-    reference = checkpoint_reference(loaded)
+    reference = kept_reference(loaded.config)  # None: no mark kept (or a malformed one)
     draw_records_table(records, ctx, reference)
     st.subheader("Metrics per slice: means of per-image scores")
     slices = pd.DataFrame(slice_metrics(records, reference)).dropna(axis=1, how="all")  # no grounding: no correctness

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sat_core.evaluation.confidence import ConfidenceReference
 from sat_core.evaluation.evaluate import NAMING_KINDS, correctness_by_kind, mean_of_known
 
 
@@ -40,7 +41,8 @@ class Slice:
         }
 
 
-def slice_metrics(records: Sequence[Mapping[str, Any]], reference: Any = None) -> list[dict[str, Any]]:
+def slice_metrics(records: Sequence[Mapping[str, Any]],
+                  reference: ConfidenceReference | None = None) -> list[dict[str, Any]]:
     """Mean per-image CIDEr, BLEU-4 and attention correctness over slices: all images, no error, the captions the
     model is unsure of and the others (with a ``confidence.ConfidenceReference``), each error label, and each
     number of objects in the scene."""
