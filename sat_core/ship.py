@@ -207,13 +207,14 @@ def package(name: str, cfg: TrainConfig, beam: int | None, out_root: Path, *, re
     # The unsure flag's reference, from the shipped weights' captions of the validation split, decoded as below.
     decoded, _ = decode_split(loaded, data, cfg.data.val_split, decode)
     reference = ConfidenceReference.from_logprobs([d.hypothesis.logprob for d in decoded], split=cfg.data.val_split)
+    loaded.config.setdefault("training", {})["confidence"] = reference.to_dict()  # what every figure below reads
     result = evaluate(loaded, data, "test", decode, search_errors=True)
     if name.startswith("scenes_"):  # and off the generator: the shifted split and the transformation suite
         from sat_core.evaluation.generalisation import report
 
         shifted, suite = ensure_generalisation_sets(cfg)
         result["generalisation"] = report(loaded, decode, result, data, suite_dir=suite, shifted=shifted,
-                                          limit=GENERALISATION_IMAGES, confidence=reference)
+                                          limit=GENERALISATION_IMAGES)
     summary = ((loaded.metrics or {}).get("training") if repackage else
                {**training_summary(Path(cfg.out), checkpoint), "encoder_minutes": _encoder_minutes(cfg)})
     if not summary:
@@ -229,8 +230,7 @@ def package(name: str, cfg: TrainConfig, beam: int | None, out_root: Path, *, re
     if domain and not domain.get("annotations"):  # nor the encoder's view of the reference images
         stats["domain"] = {**domain, "annotations": card.annotation_statistics(
             loaded.model, loaded.preprocess, card.domain_images(data))}
-    training = {**stored, **stats, "preset": preset_path(name).name, **summary, "train_config": cfg.to_dict(),
-                "confidence": reference.to_dict()}
+    training = {**stored, **stats, "preset": preset_path(name).name, **summary, "train_config": cfg.to_dict()}
     card_text = model_card(name, cfg, {**loaded.config, "training": training}, metrics, data)
     ckpt.save_checkpoint(
         target, loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,

@@ -53,3 +53,18 @@ def test_a_shipped_scenes_model_was_measured_off_its_generator(name):
     assert {"test", "shifted", "hflip", "zoom_out", "brightness", "jpeg", "crop", "grayscale"} <= set(figures)
     assert all(f["empty_captions"] == 0 for f in figures.values())
     assert figures["test"]["n_images"] == 500 and all(f["n_images"] >= 95 for f in figures.values())
+
+
+@pytest.mark.parametrize("name", (*PAPER_MODELS, "scenes_soft_supervised", "scenes_hard_supervised"))
+def test_a_shipped_scenes_model_keeps_the_unsure_mark_its_figures_were_measured_with(name):
+    """The mark of its 400 validation captions, the one its metrics' unsure figures used: on the test split the
+    flagged share is the share of its records under the mark."""
+    from sat_core.evaluation.confidence import stored_reference
+
+    config = _config(name)
+    mark = stored_reference(config)
+    assert mark is not None and mark.captions == 400 and mark.split == "val" and mark.share == 0.1
+    records = json.loads((CHECKPOINTS / name / "eval_records.json").read_text())["records"]
+    flagged = sum(r["logprob"] < mark.threshold for r in records) / len(records)
+    assert config["metrics"]["confidence"]["unsure"] == pytest.approx(flagged)
+    assert config["metrics"]["generalisation"]["test"]["unsure"] == pytest.approx(flagged)
