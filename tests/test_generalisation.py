@@ -149,7 +149,7 @@ def test_warning_figures_split_the_warnings_by_whether_the_caption_errs():
 
 def test_the_unsure_flag_is_measured_on_every_set_against_the_checkpoints_reference(world_and_model):
     """With a reference kept in the checkpoint, each set's unsure share is the share of its captions whose log p
-    lies under the mark, split by whether the caption errs; an explicit reference wins over the kept one."""
+    lies under the mark, split by whether the caption errs; a mark under every caption flags none."""
     from sat_core.evaluation.confidence import ConfidenceReference
 
     root, path, shifted, checkpoint = world_and_model
@@ -174,8 +174,8 @@ def test_the_unsure_flag_is_measured_on_every_set_against_the_checkpoints_refere
     assert again["confidence"]["unsure"] == pytest.approx(2 / 5) and again["confidence"]["n"] == 5
     line = next(x for x in summary_lines(again) if x.startswith("unsure captions"))
     assert f"log p under {mark:.2f}, the 10% mark" in line and "40.0% of 5" in line
-    nothing = report(loaded, cfg, result, data, suite_dir=None, shifted=shifted,
-                     confidence=ConfidenceReference(logprobs[0] - 1, 0.1, 400))
+    loaded.config["training"]["confidence"] = ConfidenceReference(logprobs[0] - 1, 0.1, 400).to_dict()
+    nothing = report(loaded, cfg, result, data, suite_dir=None, shifted=shifted)
     assert nothing["test"]["unsure"] == 0.0 and nothing["shifted"]["unsure"] == 0.0
     loaded.config["training"]["confidence"] = {"threshold": "high"}  # malformed: evaluated without the flag
     spoilt = report(loaded, cfg, result, data, suite_dir=None, shifted=shifted)

@@ -218,17 +218,15 @@ def _indices(data: KarpathyData, split: str, limit: int | None) -> list[int]:
 
 def report(loaded: LoadedCheckpoint, cfg: DecodeConfig, result: dict[str, Any], data: KarpathyData, *,
            suite_dir: str | Path | None = DEFAULT_SUITE, shifted: str | Path | None = None,
-           limit: int | None = None, batch_size: int = 32, skip_shifted: bool = False,
-           confidence: ConfidenceReference | None = None) -> dict[str, dict[str, Any]]:
+           limit: int | None = None, batch_size: int = 32, skip_shifted: bool = False) -> dict[str, dict[str, Any]]:
     """{set name: figures} for the in-distribution ``result`` (``evaluate.evaluate``'s, on ``data``; named by its
-    split) and each set of ``find_sets``, every set decoded and scored by ``evaluate.evaluate_images``.
-    ``confidence``: the unsure flag's reference (default: the checkpoint's own, if it keeps one)."""
+    split) and each set of ``find_sets``, every set decoded and scored by ``evaluate.evaluate_images``; the unsure
+    flag against the mark the checkpoint keeps (none: its figures are None)."""
     from sat_core.evaluation.evaluate import evaluate_images
 
     split = result.get("split", "test")
     out = {split: set_figures(result, data)}
-    if confidence is None:
-        confidence = kept_reference(loaded.config)
+    confidence = kept_reference(loaded.config)
     out[split].update(notice_figures(loaded, data, _indices(data, split, limit or result.get("n_images")),
                                      result["records"], confidence))
     for name, path in find_sets(suite_dir, shifted, skip_shifted):
