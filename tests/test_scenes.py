@@ -279,6 +279,26 @@ def test_the_shifted_split_shares_no_surface_style_or_horizon_with_training(tmp_
             assert low <= layout.horizon < high
 
 
+def test_training_pictures_alone_draw_the_training_only_styles(tmp_path):
+    from sat_core.worlds.scenes.render import HELD_OUT, HELD_OUT_VALIDATION, TRAINING_ONLY, styles_for
+
+    assert not TRAINING_ONLY & (HELD_OUT | HELD_OUT_VALIDATION)
+    data = json.loads(writer.generate(tmp_path / "w", 60, 30, 30, seed=2, kind="scenes").read_text())
+    drawn = {split: {v for im in data["images"] if im["split"] == split for v in im["styles"].values()}
+             for split in ("train", "val", "test")}
+    assert len(drawn["train"] & TRAINING_ONLY) >= 6
+    assert not (drawn["val"] | drawn["test"]) & TRAINING_ONLY
+    # validation and test draw among exactly the styles they drew before these were added
+    assert styles_for("table", False) == {"ground": ("wood", "painted"),
+                                                       "sky": ("clear", "overcast", "evening"), "wall": ("plain",)}
+    assert "walnut" in styles_for("table", False, training_only=True)["ground"]
+    assert styles_for("table", True, training_only=True)["ground"] == ("cloth",)
+    # and some training scenes draw only the usual ones
+    usual = set(styles_for("table", False)["ground"])
+    assert any(im["styles"]["ground"] in usual for im in data["images"]
+               if im["split"] == "train" and im["place"] == "table")
+
+
 def test_the_validation_shifted_set_draws_styles_neither_training_nor_the_shifted_split_draws(tmp_path):
     from sat_core.worlds.scenes.render import HELD_OUT, HELD_OUT_VALIDATION
 

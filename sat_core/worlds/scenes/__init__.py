@@ -23,13 +23,13 @@ NAME = "scenes"
 DATASET = "sat_scenes"
 IMAGE_SIZE = layout.IMAGE_SIZE
 # The generator's version, kept in its dataset.json: 2 added surface styles, the shifted split, objects cut by
-# the border, wider scales and degraded training pictures.
-VERSION = 2
+# the border, wider scales and degraded training pictures; 3 added styles that only training pictures draw.
+VERSION = 3
 
 
 def make_image(rng: np.random.Generator, split: str, options: Options) -> Made:
     """One scene: a place and its objects, its picture (a training one sometimes degraded) and references."""
-    drawn = layout.generate_layout(rng, shifted=options.shifted, held_out=options.held_out)
+    drawn = layout.generate_layout(rng, shifted=options.shifted, held_out=options.held_out, split=split)
     objects = layout.layout_objects(drawn)
     pixels = layout.render_layout(drawn)
     captions = describe(objects, drawn.place, rng, caption_order=options.caption_order)

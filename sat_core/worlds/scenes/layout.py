@@ -27,7 +27,7 @@ import numpy as np
 
 from sat_core.data.masks import rle_encode
 from sat_core.worlds.scenes.catalog import CATEGORIES, PLACE_P, Category
-from sat_core.worlds.scenes.render import SIZE, background, light, shadow, styles_for
+from sat_core.worlds.scenes.render import SIZE, TRAINING_ONLY_SHARE, background, light, shadow, styles_for
 
 IMAGE_SIZE = SIZE
 MIN_VISIBLE = 0.55  # an occluded object keeps at least this share of its pixels
@@ -163,13 +163,15 @@ def _clipped(box: tuple[int, int, int, int]) -> tuple[tuple[slice, slice], tuple
             (slice(cy0 - y0, cy1 - y0), slice(cx0 - x0, cx1 - x0)))
 
 
-def generate_layout(rng: np.random.Generator, shifted: bool = False, held_out: str = "test") -> SceneLayout:
+def generate_layout(rng: np.random.Generator, shifted: bool = False, held_out: str = "test",
+                    split: str = "test") -> SceneLayout:
     """A random place and 1–4 objects on it (each at least MIN_VISIBLE visible); ``shifted`` draws the
     held-out styles of ``held_out``'s side ("test", the shifted split, or "validation") and the shifted
-    horizons."""
+    horizons; a share of the training ``split``'s scenes also draws the training-only styles."""
     places = list(PLACE_P)
     place = str(rng.choice(places, p=[PLACE_P[p] for p in places]))
-    choices = styles_for(place, shifted, held_out)
+    wider = split == "train" and not shifted and rng.random() < TRAINING_ONLY_SHARE
+    choices = styles_for(place, shifted, held_out, training_only=wider)
     styles = {surface: str(rng.choice(names)) for surface, names in choices.items() if names}
     ranges = HORIZONS["shifted" if shifted else "usual"]
     low, high = ranges.get(place, ranges["outdoor"])

@@ -54,30 +54,38 @@ def _sample(tex: np.ndarray, u: np.ndarray, v: np.ndarray, scale: float) -> np.n
 
 # The styles of each surface; those in HELD_OUT are drawn only for the shifted split.
 GROUND_STYLES = {
-    "grass": ("meadow", "lush", "mown", "dry"),
-    "sand": ("ripples", "dunes", "pebbles", "wet"),
-    "snow": ("powder", "crust", "tracks", "slush"),
-    "water": ("waves", "calm", "lake", "murky"),
-    "road": ("asphalt", "worn", "cobbles", "gravel"),
-    "floor": ("planks", "tiles", "carpet", "stone"),
-    "table": ("wood", "painted", "cloth", "marble"),
+    "grass": ("meadow", "lush", "mown", "dry", "flowers", "weeds"),
+    "sand": ("ripples", "dunes", "pebbles", "wet", "desert", "shore"),
+    "snow": ("powder", "crust", "tracks", "slush", "drifts", "glitter"),
+    "water": ("waves", "calm", "lake", "murky", "mirror", "choppy"),
+    "road": ("asphalt", "worn", "cobbles", "gravel", "concrete", "dirt"),
+    "floor": ("planks", "tiles", "carpet", "stone", "parquet", "screed"),
+    "table": ("wood", "painted", "cloth", "marble", "glass", "walnut"),
 }
-SKY_STYLES = ("clear", "overcast", "evening", "dusk", "stormy")
-WALL_STYLES = ("plain", "stripes", "panels")
+SKY_STYLES = ("clear", "overcast", "evening", "dusk", "stormy", "hazy", "deep")
+WALL_STYLES = ("plain", "stripes", "panels", "brick", "tiled")
 HELD_OUT = frozenset({"mown", "pebbles", "tracks", "lake", "cobbles", "carpet", "cloth", "dusk", "stripes"})
 HELD_OUT_VALIDATION = frozenset({"dry", "wet", "slush", "murky", "gravel", "stone", "marble", "stormy", "panels"})
+# Drawn by training scenes alone (a share TRAINING_ONLY_SHARE of them), so that validation and test scenes stay
+# those of the styles above.
+TRAINING_ONLY = frozenset({"flowers", "weeds", "desert", "shore", "drifts", "glitter", "mirror", "choppy", "concrete",
+                           "dirt", "parquet", "screed", "glass", "walnut", "hazy", "deep", "brick", "tiled"})
+TRAINING_ONLY_SHARE = 0.5
 
 
-def styles_for(place: str, shifted: bool, held_out: str = "test") -> dict[str, tuple[str, ...]]:
+def styles_for(place: str, shifted: bool, held_out: str = "test",
+               training_only: bool = False) -> dict[str, tuple[str, ...]]:
     """The styles a scene at ``place`` may draw, per surface (ground, sky, wall): for a shifted set the
     held-out ones of its side (``held_out``: "test", the shifted split; "validation"), for every other
-    split those neither side holds out."""
+    split those neither side holds out, and with ``training_only`` (some training scenes) also those of
+    ``TRAINING_ONLY``."""
     group = HELD_OUT_VALIDATION if held_out == "validation" else HELD_OUT
+    own = () if training_only else TRAINING_ONLY
 
     def pick(names: tuple[str, ...]) -> tuple[str, ...]:
         if shifted:
             return tuple(n for n in names if n in group)
-        return tuple(n for n in names if n not in HELD_OUT and n not in HELD_OUT_VALIDATION)
+        return tuple(n for n in names if n not in HELD_OUT and n not in HELD_OUT_VALIDATION and n not in own)
 
     return {"ground": pick(GROUND_STYLES.get(place, ())), "sky": pick(SKY_STYLES), "wall": pick(WALL_STYLES)}
 
@@ -85,16 +93,16 @@ def styles_for(place: str, shifted: bool, held_out: str = "test") -> dict[str, t
 def _sky(rng: np.random.Generator, height: int, kind: str = "clear") -> np.ndarray:
     """A sky gradient (clear blue, overcast, evening or dusk) with soft clouds. (height, W, 3)."""
     top = {"clear": (60, 120, 205), "overcast": (150, 160, 172), "evening": (70, 90, 160),
-           "dusk": (95, 60, 120), "stormy": (85, 90, 105)}[kind]
+           "dusk": (95, 60, 120), "stormy": (85, 90, 105), "hazy": (185, 190, 185), "deep": (25, 65, 170)}[kind]
     low = {"clear": (175, 210, 240), "overcast": (205, 208, 212), "evening": (245, 180, 120),
-           "dusk": (235, 150, 170), "stormy": (150, 155, 165)}[kind]
+           "dusk": (235, 150, 170), "stormy": (150, 155, 165), "hazy": (232, 225, 200), "deep": (105, 155, 225)}[kind]
     top = np.add(top, rng.uniform(-15, 15, 3))
     low = np.add(low, rng.uniform(-10, 10, 3))
     t = np.linspace(0, 1, SIZE)[:height, None, None] if height else np.zeros((0, 1, 1))
     sky = top + (low - top) * t  # (height, 1, 3)
     sky = np.broadcast_to(sky, (height, SIZE, 3)).copy()
     if height:
-        cover = rng.uniform(0.0, 0.5 if kind != "overcast" else 0.1)
+        cover = rng.uniform(0.0, 0.5 if kind not in ("overcast", "deep") else 0.1)
         clouds = np.clip((smooth_noise(rng, (height, SIZE), 3, 4) + cover) * 2.0, 0, 1)[..., None]
         cloud = np.array([135.0, 137, 145]) if kind == "stormy" else np.array([248.0, 248, 250])  # dark rain clouds
         sky = sky * (1 - 0.7 * clouds) + 0.7 * clouds * cloud
@@ -106,6 +114,18 @@ def _wall(rng: np.random.Generator, height: int, kind: str = "plain") -> np.ndar
     base = np.add(base, rng.uniform(-12, 12, 3))
     shade = np.linspace(-14, 6, max(height, 1))[:height, None, None]
     wall = base + shade + 3 * smooth_noise(rng, (height, SIZE), 4, 2)[..., None]
+    rows, cols = np.arange(height)[:, None], np.arange(SIZE)[None, :]
+    if kind == "brick":  # red-brown bricks in a running bond, pale mortar
+        brick_h, brick_w = rng.uniform(6, 10), rng.uniform(16, 26)
+        course = np.floor(rows / brick_h)
+        mortar = (np.mod(rows, brick_h) < 1.2) | (np.mod(cols + 0.5 * brick_w * np.mod(course, 2), brick_w) < 1.5)
+        tone = 1 + 0.08 * np.sin(course * 12.9898 + np.floor(cols / brick_w) * 78.233)
+        brick = np.add((165, 85, 65), rng.uniform(-20, 20, 3)) * tone[..., None]
+        wall = np.where(mortar[..., None], np.array([205.0, 200, 190]), brick)
+    elif kind == "tiled":  # square glazed tiles with grout lines
+        side = rng.uniform(9, 15)
+        grout = (np.mod(rows, side) < 1.2) | (np.mod(cols, side) < 1.2)
+        wall = np.where(grout[..., None], wall * 0.8, wall * 1.04)
     if kind == "stripes":  # wallpaper: vertical stripes of a second tone
         period = rng.uniform(10, 22)
         stripe = (np.mod(np.arange(SIZE) / period, 1.0) < 0.5)[None, :, None]
@@ -132,6 +152,14 @@ def _grass(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: n
     elif style == "dry":  # straw-coloured, patchy
         base = np.array([175, 160, 95]) + rng.uniform(-15, 15, 3)
         img = base * (1 + 0.2 * n[..., None] + 0.15 * f[..., None])
+    elif style == "flowers":  # a meadow dotted with small white, yellow and pink flowers
+        img = base * (1 + 0.15 * n[..., None] + 0.1 * f[..., None])
+        pick = _sample(rng.random((_TEX, _TEX)), u, v, 10.0)
+        palette = np.array([[245.0, 245, 240], [240, 210, 60], [230, 130, 170]])
+        img = np.where((pick > 0.94)[..., None], palette[np.clip((pick - 0.94) / 0.02, 0, 2).astype(int)], img)
+    elif style == "weeds":  # uneven: yellow-green and brown patches
+        mix = np.clip(n * 2 + 0.5, 0, 1)[..., None]
+        img = (np.array([125.0, 150, 60]) * mix + np.array([120.0, 105, 70]) * (1 - mix)) * (1 + 0.15 * f[..., None])
     elif style == "mown":  # striped lawn
         stripes = np.where(np.mod(u, 2.0) < 1.0, 1.12, 0.9)
         img = base * (stripes * (1 + 0.05 * n + 0.06 * f))[..., None]
@@ -150,6 +178,12 @@ def _sand(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np
     elif style == "wet":  # darker, smooth, with bright sheen where water stands
         sheen = np.clip(n * 3 - 1.6, 0, 1)[..., None]
         img = base * 0.8 * (1 + 0.03 * f[..., None]) * (1 - sheen) + sheen * np.array([200.0, 205, 210])
+    elif style == "desert":  # orange-red sand, wind streaks across
+        base = np.array([205, 130, 80]) + rng.uniform(-15, 15, 3)
+        img = base * (1 + 0.08 * np.sin(u * 1.5 + v * 0.2 + 2.0 * n)[..., None] + 0.04 * f[..., None])
+    elif style == "shore":  # a tide line of dark seaweed
+        weed = (np.abs(np.sin(v * 2.0 + 2.0 * n)) < 0.06)[..., None]
+        img = np.where(weed, np.array([70.0, 72, 40]), base * (1 + 0.05 * f[..., None] + 0.04 * n[..., None]))
     elif style == "pebbles":  # grey stones scattered on darker sand
         stones = _sample(rng.random((_TEX, _TEX)), u, v, 14.0) > 0.9
         img = np.where(stones[..., None], np.array([140.0, 135, 130]), base * 0.9 * (1 + 0.05 * f[..., None]))
@@ -169,6 +203,11 @@ def _snow(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np
     elif style == "slush":  # dirty, melting: brown-grey blotches
         dirt = np.clip(n * 2 + 0.3, 0, 1)[..., None]
         img = base * (1 + 0.03 * f[..., None]) * (1 - 0.3 * dirt * np.array([0.8, 0.9, 1.1]))
+    elif style == "drifts":  # deep drifts: broad blue shadows
+        drift = np.sin(u * 0.6 + 2.0 * n)[..., None]
+        img = base * (1 + 0.02 * f[..., None]) * (1 - 0.12 * np.clip(drift, 0, 1) * np.array([1.0, 0.8, 0.4]))
+    elif style == "glitter":  # sunlit powder with sparkles
+        img = np.where((f > 2.3)[..., None], np.array([255.0, 255, 255]), base * (1 + 0.04 * n[..., None]))
     elif style == "tracks":  # ski tracks running into the distance
         tracks = (np.mod(u + 0.3 * np.sin(v * 0.5), 1.7) < 0.12)[..., None]
         img = np.where(tracks, base * 0.8, base * (1 + 0.04 * n[..., None]))
@@ -186,6 +225,13 @@ def _water(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: n
     elif style == "murky":  # brown-green, dull, slow swirls
         base = np.array([75, 100, 90]) + rng.uniform(-12, 12, 3)
         img = base * (1 + 0.12 * np.sin(u * 0.7 + v * 6.0 + 3.0 * n)[..., None] + 0.03 * f[..., None])
+    elif style == "mirror":  # still water mirroring a pale sky, vertical streaks
+        base = np.array([150, 175, 200]) + rng.uniform(-15, 15, 3)
+        img = base * (1 + 0.07 * np.sin(u * 8.0 + n)[..., None] + 0.02 * f[..., None])
+    elif style == "choppy":  # dark water with short white caps
+        base = base * 0.75
+        caps = (np.sin(v * 14.0 + 3.0 * n) * np.cos(u * 5.0 + 4.0 * n) > 0.85)[..., None]
+        img = np.where(caps, np.array([235.0, 240, 245]), base * (1 + 0.06 * f[..., None]))
     elif style == "lake":  # green-teal, diagonal streaks
         base = np.array([45, 120, 110]) + rng.uniform(-15, 15, 3)
         streaks = np.sin((u + v) * 5.0 + 2.0 * n)
@@ -207,6 +253,12 @@ def _road(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: np
         img = (grey + 25) * (1 - 0.45 * joint + 0.06 * f)[..., None] * np.array([1.05, 1.0, 0.92])
     elif style == "gravel":  # light brown-grey grit
         img = (grey + 45) * (1 + 0.05 * n + 0.25 * f)[..., None] * np.array([1.08, 1.0, 0.88])
+    elif style == "concrete":  # pale slabs with joints across
+        joint = np.mod(v * 1.5, 1.0) < 0.06
+        img = (grey + 65) * (1 + 0.04 * n + 0.05 * f - 0.25 * joint)[..., None] * np.ones(3)
+    elif style == "dirt":  # a brown track with two darker ruts
+        ruts = (np.abs(np.abs(u) - 1.2) < 0.25)
+        img = np.array([145.0, 115, 80]) * (1 + 0.1 * n - 0.2 * ruts + 0.1 * f)[..., None]
     elif style == "worn":  # patched, lighter asphalt
         patches = np.clip(n * 3, -1, 1)
         img = (grey + 20) * (1 + 0.12 * patches + 0.08 * f)[..., None] * np.ones(3)
@@ -237,6 +289,20 @@ def _indoor(place: str, style: str, rng: np.random.Generator, u: np.ndarray, v: 
     elif style == "marble":  # white with grey veins
         veins = np.abs(np.sin(u * 2.0 + v * 3.0 + 5.0 * n)) < 0.06
         img = np.array([238.0, 236, 232]) * (1 - 0.3 * veins + 0.02 * f)[..., None]
+    elif style == "parquet":  # small blocks, their grain alternating
+        bu, bv = np.floor(u * 2.0), np.floor(v * 8.0)
+        across = np.mod(bu + bv, 2) == 0
+        grain = np.where(across, np.sin(u * 40.0), np.sin(v * 160.0))
+        edge = (np.mod(u * 2.0, 1.0) < 0.06) | (np.mod(v * 8.0, 1.0) < 0.08)
+        img = wood * (1 + 0.05 * grain + 0.05 * np.sin(bu * 3.1 + bv * 7.7) - 0.2 * edge)[..., None]
+    elif style == "screed":  # polished grey concrete, cloudy
+        img = np.array([172.0, 170, 166]) * (1 + 0.1 * n + 0.02 * f)[..., None]
+    elif style == "glass":  # a pale glass top with diagonal reflections
+        shine = np.clip(np.sin(u * 1.5 - v * 4.0) * 2 - 1.2, 0, 1)
+        img = np.array([200.0, 215, 218]) * (1 + 0.15 * shine + 0.02 * f)[..., None]
+    elif style == "walnut":  # dark wood, one board, fine grain
+        grain = _sample(smooth_noise(rng, (_TEX, _TEX), 4, 3), u * 8, v * 0.5, 6.0)
+        img = np.array([105.0, 68, 42]) * (1 + 0.12 * grain + 0.03 * f)[..., None]
     elif style == "carpet":  # soft, fibrous, one saturated colour
         colour = np.array(rng.choice([(150, 50, 60), (60, 80, 140), (90, 110, 70)]), float)
         img = colour * (1 + 0.12 * f[..., None] + 0.08 * n[..., None])
