@@ -355,6 +355,10 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
     if cfg.init_from:
         recipe.append(f"starting from the shipped `{Path(cfg.init_from).name}`'s weights instead of a random draw, by "
                       "validation BLEU-4, precision / recall and counts")
+    recipe.append("half the training scenes drawing the world's training-only surface styles, against the world "
+                  "without them and against a control trained on that world with the same schedule, by category "
+                  "recall / precision on the validation scenes' shifted set and transformations"
+                  f"{' (with `scenes_soft`, whose weights this model starts from)' if hard else ''}")
     if hard and cfg.data.batch_size != 256:
         recipe.append(f"batches of {cfg.data.batch_size} captions against 256 by validation BLEU-4, precision / "
                       "recall and counts")
@@ -379,9 +383,10 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
            "the other attention (its gate β left out); the optimiser and schedule start afresh. The paper does not "
            "say how its models were initialised."] if cfg.init_from else []),
         "- Recipe choices that change neither the model nor the objective: ImageNet-pretrained EfficientNet-Lite0 "
-        f"read at its stride-16 stage, {tuned}, Adam with a cosine schedule, batches "
-        f"of {cfg.data.batch_size} captions (an image's captions together), the scenes world's degraded training pictures "
-        "(about a third: JPEG, grayscale, blur, exposure).",
+        f"read at its stride-16 stage, {tuned}, Adam with a cosine schedule planned over {cfg.optim.epochs} epochs, "
+        f"batches of {cfg.data.batch_size} captions (an image's captions together), the scenes world's degraded "
+        "training pictures (about a third: JPEG, grayscale, blur, exposure) and its training-only surface styles (half "
+        "the training scenes may draw eighteen styles that no validation, test or generalisation scene draws).",
         f"- Fixed before training and read on no split: every other setting above, beam {cfg.val.beam_size} and "
         f"length normalisation {cfg.val.length_norm:g}. Chosen on the validation split: {chosen}. The test split "
         "and the sets off the generator were read once per shipped model, after that choice.",
