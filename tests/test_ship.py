@@ -277,6 +277,10 @@ def test_the_scenes_card_shows_the_sets_off_the_generator_beside_the_test_split_
     assert "frozen but for its last 3 blocks, trained with the decoder at 0.3 of its learning rate" in soft
     assert "last 3 blocks trained against a frozen encoder by validation" in soft
     assert "those blocks at 0.3 of the decoder's learning rate against 0.1 by category recall" in soft
+    assert "a cosine schedule planned over 3 epochs" in soft and "its training-only surface styles" in soft
+    assert "training scenes drawing the world's training-only surface styles, against the world without them" in soft
+    assert "(with `scenes_soft`, whose weights this model starts from)" in text
+    assert "(with `scenes_soft`, whose weights" not in soft
     preset = json.loads(ship.preset_path("scenes_hard").read_text())
     frozen = ship.model_card("scenes_hard", TrainConfig.from_dict({**preset, "model": {**preset["model"],
                                                                                      "tune_blocks": 0}}), {}, metrics)
