@@ -86,11 +86,11 @@ def test_annotation_reference_measures_in_units_of_the_loneliest_reference():
 def test_the_encoders_view_flags_photos_that_the_colour_statistics_let_through(tmp_path):
     """Against the scenes world, colour statistics cannot tell photos apart; ImageNet features can."""
     # the scenes as rendered in the styles every split draws (no degraded pictures and none of the training-only
-    # styles: both widen the reach), 40 as the reference and 12 to check
-    path = writer.generate(tmp_path, 0, 0, 52, seed=5, workers=1, kind="scenes", augment=False)
+    # styles: both widen the reach), 60 as the reference and 12 to check
+    path = writer.generate(tmp_path, 0, 0, 72, seed=5, workers=1, kind="scenes", augment=False)
     doc = json.loads(path.read_text())
     drawn = [load_image(tmp_path / e["filepath"] / e["filename"]) for e in doc["images"]]
-    scenes = {"train": drawn[:40], "test": drawn[40:]}
+    scenes = {"train": drawn[:60], "test": drawn[60:]}
     cfg = PreprocessConfig(image_size=224, mean=efficientnet.MEAN, std=efficientnet.STD, crop=1.0)
     model = Captioner(ModelConfig(encoder="efficientnet_lite0", pretrained=True, feature_dim=112,
                                   vocab_size=10)).eval()
@@ -99,14 +99,12 @@ def test_the_encoders_view_flags_photos_that_the_colour_statistics_let_through(t
         return mean_annotations(model, torch.stack([preprocess(im, cfg)[0] for im in images]))
 
     train = annotations(scenes["train"])
-    assert train.shape == (40, 112)
+    assert train.shape == (60, 112)
     reference = DomainReference.from_images(scenes["train"])
     reference.annotations = AnnotationReference.from_features(train)
     for scene, vec in zip(scenes["test"], annotations(scenes["test"])):
         check = reference.check(scene, vec)
-        # the encoder's view lets every scene through (the colour statistics of 40 references may flag one)
-        assert check.annotation_ratio < ANNOTATION_MARGIN
-        assert not any("what the model's encoder makes of it" in r for r in check.reasons)
+        assert check.annotation_ratio < ANNOTATION_MARGIN and not check.far
     photos = [_photo(n) for n in PHOTOS]
     for photo, vec in zip(photos, annotations(photos)):
         check = reference.check(photo, vec)
