@@ -359,6 +359,9 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
                   "without them and against a control trained on that world with the same schedule, by category "
                   "recall / precision on the validation scenes' shifted set and transformations"
                   f"{' (with `scenes_soft`, whose weights this model starts from)' if hard else ''}")
+    if cfg.optim.epochs == 4:
+        recipe.append("a cosine schedule over four epochs against three, on the same world, by the same figures"
+                      f"{' (with `scenes_soft`, whose weights this model starts from)' if hard else ''}")
     if hard and cfg.data.batch_size != 256:
         recipe.append(f"batches of {cfg.data.batch_size} captions against 256 by validation BLEU-4, precision / "
                       "recall and counts")
