@@ -332,16 +332,11 @@ _SHAPES_ABOUT = (
     "five grammar-generated captions per image. **It has never seen a photograph**: captions of "
     "photos are not meaningful.",
 )
-def _scenes_choices(cfg: TrainConfig) -> list[str]:
-    """What the scenes presets fixed before training, what was chosen on validation, and when test was read."""
-    hard = cfg.model.hard if cfg.model.attention == "hard" else None
-    objective = (f"hard attention with REINFORCE (λ_r = {hard.reinforce_weight:g}, moving-average baseline, entropy "
-                 f"λ_e = {hard.entropy_weight:g}, the expectation α in place of a sample for "
-                 f"{'half' if hard.mix_soft_prob == 0.5 else f'{hard.mix_soft_prob:g}'} of the captions)"
-                 if hard else f"soft attention with the doubly stochastic penalty (λ = {cfg.optim.dsa_lambda:g}, the "
-                 "authors' value against a per-caption sum)")
-    supervised = cfg.optim.attention_lambda
-    recipe = []  # the recipe's choices made on validation (docs/EXPERIMENTS.md), each only where it was made
+
+
+def _validated_recipe(cfg: TrainConfig, hard: Any) -> list[str]:
+    """The recipe's choices made on validation (docs/EXPERIMENTS.md), each only where the preset made it."""
+    recipe: list[str] = []
     if cfg.model.tune_blocks:
         recipe.append(f"the encoder's last {cfg.model.tune_blocks} blocks trained against a frozen encoder by "
                       "validation BLEU-4, precision / recall and counts")
@@ -360,11 +355,23 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
                   "recall / precision on the validation scenes' shifted set and transformations"
                   f"{' (with `scenes_soft`, whose weights this model starts from)' if hard else ''}")
     if cfg.optim.epochs == 4:
-        recipe.append("a cosine schedule over four epochs against three, on the same world, by the same figures"
-                      f"{' (with `scenes_soft`, whose weights this model starts from)' if hard else ''}")
+        recipe.append("a cosine schedule over four epochs against three, on the same world, by the same figures")
     if hard and cfg.data.batch_size != 256:
         recipe.append(f"batches of {cfg.data.batch_size} captions against 256 by validation BLEU-4, precision / "
                       "recall and counts")
+    return recipe
+
+
+def _scenes_choices(cfg: TrainConfig) -> list[str]:
+    """What the scenes presets fixed before training, what was chosen on validation, and when test was read."""
+    hard = cfg.model.hard if cfg.model.attention == "hard" else None
+    objective = (f"hard attention with REINFORCE (λ_r = {hard.reinforce_weight:g}, moving-average baseline, entropy "
+                 f"λ_e = {hard.entropy_weight:g}, the expectation α in place of a sample for "
+                 f"{'half' if hard.mix_soft_prob == 0.5 else f'{hard.mix_soft_prob:g}'} of the captions)"
+                 if hard else f"soft attention with the doubly stochastic penalty (λ = {cfg.optim.dsa_lambda:g}, the "
+                 "authors' value against a per-caption sum)")
+    supervised = cfg.optim.attention_lambda
+    recipe = _validated_recipe(cfg, hard)
     chosen = "the shipped epoch (table below)"
     if recipe:
         taken = f"for `scenes_{'hard' if hard else 'soft'}` (taken over unchanged) " if supervised else ""

@@ -279,7 +279,7 @@ def test_the_scenes_card_shows_the_sets_off_the_generator_beside_the_test_split_
     assert "those blocks at 0.3 of the decoder's learning rate against 0.1 by category recall" in soft
     assert "a cosine schedule planned over 4 epochs" in soft and "its training-only surface styles" in soft
     assert "a cosine schedule over four epochs against three, on the same world, by the same figures (docs" in soft
-    assert "four epochs against three, on the same world, by the same figures (with `scenes_soft`" in text
+    assert "four epochs against three, on the same world, by the same figures; batches of" in text
     assert "training scenes drawing the world's training-only surface styles, against the world without them" in soft
     assert "(with `scenes_soft`, whose weights this model starts from)" in text
     assert "(with `scenes_soft`, whose weights" not in soft
