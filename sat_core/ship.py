@@ -40,7 +40,7 @@ from sat_core.evaluation.confidence import ConfidenceReference
 from sat_core.allocator import keep_freed_memory
 from sat_core import checkpoint as ckpt
 from sat_core import cli
-from sat_core.config import DecodeConfig, OptimConfig, TrainConfig
+from sat_core.config import DecodeConfig, HardAttentionConfig, OptimConfig, TrainConfig
 from sat_core.data.karpathy import KarpathyData, load_karpathy
 from sat_core.errors import SatError
 
@@ -334,7 +334,7 @@ _SHAPES_ABOUT = (
 )
 
 
-def _validated_recipe(cfg: TrainConfig, hard: Any) -> list[str]:
+def _validated_recipe(cfg: TrainConfig, hard: HardAttentionConfig | None) -> list[str]:
     """The recipe's choices made on validation (docs/EXPERIMENTS.md), each only where the preset made it."""
     recipe: list[str] = []
     if cfg.model.tune_blocks:
