@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -148,21 +150,25 @@ def test_ship_hands_the_training_its_share_of_the_budget_and_says_how_long_it_to
     calls = []
     monkeypatch.setattr(ship, "ensure_world", lambda *a, **k: None)
     monkeypatch.setattr(ship, "ensure_encoder", lambda cfg: None)
-    monkeypatch.setattr(ship, "train", lambda preset, minutes, overwrite=False: calls.append((preset.name, minutes))
-                        or minutes)
+    caches = []
+    monkeypatch.setattr(ship, "train", lambda preset, minutes, overwrite=False, cache=None:
+                        caches.append(cache) or calls.append((preset.name, minutes)) or minutes)
     budgets = []
     monkeypatch.setattr(ship, "package", lambda *a, **k: budgets.append(k["minutes"]) or METRICS)
     monkeypatch.chdir(tmp_path)  # the presets' run directories (runs/NAME) are fresh there
+    (tmp_path / "data" / "scenes").mkdir(parents=True)
+    (tmp_path / "data" / "scenes" / "dataset.json").write_text(json.dumps({"images": [{}] * 10}))
     assert ship.main(["scenes_soft", "--minutes", "20", "--out", str(tmp_path)]) == 0
     [(preset, minutes)] = calls
+    assert caches == [Path("data/cache")]  # the images and frozen blocks' output kept for the next build
     assert budgets == [20.0]  # the card's command names the budget it was built with
     assert preset == "scenes_soft.json"
     # below the preset's 42: the budget less the evaluation, the sets off the generator's included
     reserve = ship.EVALUATION_MINUTES + ship.GENERALISATION_MINUTES
     assert 20 - reserve - 0.1 < minutes <= 20 - reserve
     assert f"ship: {tmp_path / 'scenes_soft'} written in 0.0 min (budget 20)" in capsys.readouterr().out
-    assert ship.main(["scenes_soft", "--minutes", "7"]) == 2  # no time left to train: refused, said why
-    assert "--minutes 7 leaves 0.5 min to train" in capsys.readouterr().err
+    assert ship.main(["scenes_soft", "--minutes", "5"]) == 2  # no time left to train: refused, said why
+    assert "--minutes 5 leaves 0.5 min to train" in capsys.readouterr().err
     calls.clear()
     assert ship.main(["shapes_soft", "--minutes", "20", "--out", str(tmp_path)]) == 0  # no such sets for shapes
     assert 20 - ship.EVALUATION_MINUTES - 0.1 < calls[0][1] <= 20 - ship.EVALUATION_MINUTES
@@ -322,7 +328,8 @@ def test_a_ship_into_a_run_directory_that_holds_a_run_is_refused_unless_overwrit
     calls = []
     monkeypatch.setattr(ship, "ensure_world", lambda *a, **k: calls.append("world"))
     monkeypatch.setattr(ship, "ensure_encoder", lambda cfg: None)
-    monkeypatch.setattr(ship, "train", lambda preset, minutes, overwrite=False: calls.append(("train", overwrite)))
+    monkeypatch.setattr(ship, "train", lambda preset, minutes, overwrite=False, cache=None:
+                        calls.append(("train", overwrite)))
     monkeypatch.setattr(ship, "package", lambda *a, **k: METRICS)
     monkeypatch.chdir(tmp_path)
     run = tmp_path / json.loads(ship.preset_path("shapes_soft").read_text())["out"]  # runs/world_soft
@@ -353,3 +360,19 @@ def test_a_ship_whose_preset_starts_from_a_checkpoint_that_is_not_there_says_whi
     err = capsys.readouterr().err
     assert "checkpoints/scenes_soft, which is not there" in err and "python -m sat_core.ship scenes_soft" in err
     assert calls == [], "refused before generating anything"
+
+
+def test_the_ship_keeps_the_images_in_a_cache_beside_the_world_when_the_disk_has_room(tmp_path, monkeypatch, capsys):
+    (tmp_path / "scenes").mkdir()
+    (tmp_path / "scenes" / "dataset.json").write_text(json.dumps({"images": [{}] * 1000}))
+    cfg = TrainConfig.from_dict({"data": {"dataset": str(tmp_path / "scenes" / "dataset.json"),
+                                          "images": str(tmp_path / "scenes"), "image_size": 224}})
+    assert ship.cache_folder(cfg) == tmp_path / "cache"  # not there yet: the first build writes it
+    assert ship.cache_folder(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, cache="elsewhere"))) is None
+    need = 2 * 1000 * 3 * 224**2
+    monkeypatch.setattr(ship.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 * need, 0, need - 1))
+    assert ship.cache_folder(cfg) is None  # short of room: the build reads the images into RAM, and says so
+    said = capsys.readouterr().out
+    assert f"ship: not keeping the images in {tmp_path / 'cache'}: 0.3 GiB wanted, 0.3 GiB free" in said
+    (tmp_path / "scenes" / "dataset.json").write_text("{")
+    assert ship.cache_folder(cfg) is None  # the trainer says what is wrong with the dataset

@@ -569,3 +569,17 @@ def test_init_from_starts_a_hard_model_from_a_soft_ones_weights_and_refuses_what
     # A soft model with the gate β cannot start from a hard one, which has none: the message says which flag.
     err = _fails(train_args(data, images, tmp_path / "d", "--init-from", str(hard / "last")), capsys)
     assert "decoder.f_beta.weight is missing" in err and "--no-gate" in err
+
+
+def test_a_run_on_the_disk_cache_ends_as_one_that_read_the_images_into_ram(world_data, tmp_path):
+    """What the ship's data/cache promises: the same model, only the setup saved, whether the run writes the
+    cache (the first build) or maps what an earlier one wrote."""
+    data, images = world_data
+    enc = str(_frozen_encoder(tmp_path / "encoder.safetensors"))
+    flags = ("--attention", "hard", "--batching", "image", "--encoder-weights", enc, "--batch-size", "4",
+             "--epochs", "2", "--seed", "1")
+    assert train.main(train_args(data, images, tmp_path / "ram", *flags)) == 0
+    for run in ("writes", "maps"):
+        assert train.main(train_args(data, images, tmp_path / run, *flags, "--cache", str(tmp_path / "cache"))) == 0
+        assert_same_run(tmp_path / "ram", tmp_path / run)
+    assert len(list((tmp_path / "cache").glob("images-*/annotations-*.npy"))) == 1  # written once, then mapped
