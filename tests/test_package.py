@@ -102,6 +102,16 @@ def test_launcher_passes_the_server_settings_then_the_user_s_options() -> None:
     assert launch.server_options([REPO / "missing.toml"]) == []
 
 
+def test_the_server_sends_every_element_whole_so_quick_presses_cannot_leave_the_page_running() -> None:
+    """Streamlit's reference to an element the browser already dropped failed the connection (.streamlit/config.toml);
+    no element is large enough to be sent as a reference, from `streamlit run` or the launcher alike."""
+    import tomllib
+
+    size = tomllib.loads((REPO / ".streamlit/config.toml").read_text())["global"]["minCachedMessageSize"]
+    assert size >= 1e12
+    assert f"--global.minCachedMessageSize={size}" in launch.streamlit_argv([])
+
+
 # ---- built, installed, run from elsewhere -------------------------------------------------------
 
 def fresh_env() -> dict[str, str]:
