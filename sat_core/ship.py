@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -47,6 +46,7 @@ from sat_core.allocator import keep_freed_memory
 from sat_core import checkpoint as ckpt
 from sat_core import cli
 from sat_core.config import DecodeConfig, HardAttentionConfig, OptimConfig, TrainConfig
+from sat_core.data.cache import check_space
 from sat_core.data.karpathy import KarpathyData, load_karpathy
 from sat_core.errors import SatError
 
@@ -157,11 +157,11 @@ def cache_folder(cfg: TrainConfig, say=print) -> Path | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None  # the trainer reads the dataset itself and says what is wrong with it
     need = 2 * images * 3 * cfg.data.image_size**2  # the uint8 images, and as much again for the annotations
-    probe = next(p for p in (folder, *folder.parents) if p.exists())
-    free = shutil.disk_usage(probe).free
-    if need > free:
-        say(f"ship: not keeping the images in {folder}: {need / 2**30:.1f} GiB wanted, {free / 2**30:.1f} GiB free; "
-            "every build reads and encodes them again (free space there to save those minutes)")
+    try:  # the cache's own test, headroom included, so that the trainer's never refuses what the ship chose
+        check_space(folder, need, "the images and the frozen blocks' output", "the ship's --cache is the preset's "
+                    "data.cache; until then every build reads and encodes the images again")
+    except SatError as err:
+        say(f"ship: not keeping the images in {folder}: {err}")
         return None
     return folder
 

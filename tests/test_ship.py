@@ -370,9 +370,10 @@ def test_the_ship_keeps_the_images_in_a_cache_beside_the_world_when_the_disk_has
     assert ship.cache_folder(cfg) == tmp_path / "cache"  # not there yet: the first build writes it
     assert ship.cache_folder(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, cache="elsewhere"))) is None
     need = 2 * 1000 * 3 * 224**2
-    monkeypatch.setattr(ship.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 * need, 0, need - 1))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 * need, 0, need - 1))
     assert ship.cache_folder(cfg) is None  # short of room: the build reads the images into RAM, and says so
     said = capsys.readouterr().out
-    assert f"ship: not keeping the images in {tmp_path / 'cache'}: 0.3 GiB wanted, 0.3 GiB free" in said
+    assert f"ship: not keeping the images in {tmp_path / 'cache'}: The preprocessing cache does not fit" in said
+    assert "take 0.28 GiB" in said and "only 0.28 GiB are free" in said and "every build reads and encodes" in said
     (tmp_path / "scenes" / "dataset.json").write_text("{")
     assert ship.cache_folder(cfg) is None  # the trainer says what is wrong with the dataset
