@@ -9,6 +9,9 @@ does not fit on its disk is refused before any work, saying how much it needs.
 
 It runs the trainer's own set-up (the same data, preprocessing and encoder, so the same keys) and stops before
 the first step; the set-up's run folder is a temporary one, removed afterwards.
+
+``python -m sat_core.prepro --cache CACHE --prune`` deletes what no run can read any more: the stores of images
+changed since they were written (a regenerated world), with their annotations, and what killed writers left.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from sat_core import cli
 from sat_core.allocator import keep_freed_memory
 from sat_core.config import TrainConfig
+from sat_core.data.cache import gib
 from sat_core.errors import SatError
 from sat_core.training.checks import check_config
 
@@ -33,12 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=cli.prog("sat_core.prepro"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="JSON file setting TrainConfig fields (a preset); flags given here override it")
+    p.add_argument("--prune", action="store_true", help="only delete what in --cache no run can read any more: stores "
+                   "of images changed since (a regenerated world) and what killed writers left")
     cli.add_flags(p, TrainConfig())
     return p
 
 
-def parse_config(argv: list[str] | None) -> TrainConfig:
-    args = build_parser().parse_args(argv)
+def parse_config(args: argparse.Namespace) -> TrainConfig:
     values = {}
     if args.config:
         try:
@@ -80,9 +85,13 @@ def prepare(cfg: TrainConfig) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        cfg = parse_config(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse printed --help (0) or what is wrong with a flag (2)
         return int(exc.code or 0)
+    if args.prune:
+        return prune(getattr(args, "data.cache") or "")
+    try:
+        cfg = parse_config(args)
     except SatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -96,6 +105,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"prepro: the cache in {cfg.data.cache} is ready ({time.perf_counter() - started:.0f} s); "
           f"python -m sat_core.train with these flags and --cache {cfg.data.cache} maps it")
     print(json.dumps(report))
+    return 0
+
+
+def prune(folder: str) -> int:
+    from sat_core.data.cache import prune as remove_stale
+
+    if not folder or not Path(folder).is_dir():
+        print(f"error: --prune needs --cache DIR, an existing cache folder (given: {folder or 'none'}).",
+              file=sys.stderr)
+        return 2
+    freed = remove_stale(folder)
+    print(f"prepro: {gib(freed)} freed in {folder}" if freed else f"prepro: nothing in {folder} is stale")
     return 0
 
 

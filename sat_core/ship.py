@@ -16,7 +16,7 @@ first when the world is rebuilt, then the others.
 The decoded images and the encoder's frozen blocks' output are kept in ``data/cache`` (the training's ``--cache``)
 for every later build of the same world: a build after the first skips about 4 minutes of setup on 2 cores when
 its frozen weights are the same (the supervised presets after their paper ones). Delete the folder to free its
-space; a regenerated world gets new files there.
+space; the files of an earlier world, which no build reads again, are deleted by the next build.
 
 A run directory that already holds a training run (``runs/<name>``: an earlier ship) is never trained into again
 unless ``--overwrite`` says so; ``--skip-train`` packages it as it is. Without either the ship stops at once,
@@ -46,7 +46,7 @@ from sat_core.allocator import keep_freed_memory
 from sat_core import checkpoint as ckpt
 from sat_core import cli
 from sat_core.config import DecodeConfig, HardAttentionConfig, OptimConfig, TrainConfig
-from sat_core.data.cache import check_space
+from sat_core.data.cache import check_space, prune
 from sat_core.data.karpathy import KarpathyData, load_karpathy
 from sat_core.errors import SatError
 
@@ -148,10 +148,13 @@ def cache_folder(cfg: TrainConfig, say=print) -> Path | None:
     """The training's ``--cache``: ``cache`` beside the world's folder (``data/cache``), where the first build
     leaves the decoded images and the encoder's frozen blocks' output for every later build of the same world
     and the same frozen weights (about 4 minutes of setup each on 2 cores). None when the preset names a cache of
-    its own, or when the disk lacks room for the images twice over (said, and the build reads them into RAM)."""
+    its own, or when the disk lacks room for the images twice over (said, and the build reads them into RAM).
+    What in the folder no build can read any more (stores of an earlier world's images) is deleted first."""
     if cfg.data.cache:
         return None
     folder = Path(cfg.data.images).parent / "cache"
+    if folder.is_dir():
+        prune(folder, say)
     try:
         images = len(json.loads(Path(cfg.data.dataset).read_text())["images"])
     except (OSError, ValueError, KeyError, TypeError):

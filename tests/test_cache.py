@@ -4,8 +4,10 @@ files one writer wrote, and a cache that does not fit is refused with what to do
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import subprocess
 from collections import namedtuple
 from pathlib import Path
@@ -173,3 +175,54 @@ def test_the_writer_reserves_the_whole_file_before_writing_a_row(tmp_path):
     out.close()
     back = np.load(tmp_path / "x.npy", allow_pickle=False)
     assert back.shape == (5, 3, 4, 4) and (back[2] == 7).all() and not back[[0, 1, 3, 4]].any()
+
+
+def test_prune_deletes_stores_of_changed_images_and_killed_writes_and_nothing_a_run_can_read(tiny, tmp_path, capsys):
+    data_json, images, _ = tiny
+    shutil.copytree(images, tmp_path / "world", copy_function=shutil.copy2)
+    data = load_karpathy(data_json, tmp_path / "world")
+    folder, quiet = tmp_path / "cache", {"splits": None, "progress": False, "say": lambda _: None}
+    old = cache.image_store(folder, data, CFG, **quiet)
+    cache.annotation_cache(old, {"encoder": "fake"}, _fake_encode, chunk=3, say=lambda _: None)
+    bigger = cache.image_store(folder, data, PreprocessConfig(image_size=48), **quiet)
+    assert cache.stale_entries(folder) == []  # both read by a run with their settings
+
+    load_image(data.images[1].path).save(data.images[0].path)  # the world written anew: its files changed
+    current = cache.image_store(folder, data, CFG, **quiet)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = socket.gethostname()
+    killed = folder / f"images-0123.tmp-{host}-{dead.pid}"
+    killed.mkdir()
+    (killed / "images.npy").write_bytes(b"x" * 1000)
+    half_written = current.folder / f"annotations-4567.npy.tmp-{host}-{dead.pid}"
+    half_written.write_bytes(b"x" * 500)
+    writing = folder / f"images-89ab.tmp-{host}-{os.getpid()}"  # a writer that runs: never touched
+    writing.mkdir()
+    unknown = folder / "images-cdef"  # a store whose index does not name its images' folder: left alone
+    unknown.mkdir()
+    (unknown / cache.INDEX).write_text(json.dumps({"key": {"files": "0"}, "paths": []}))
+
+    stale = dict(cache.stale_entries(folder))
+    assert set(stale) == {old.folder, bigger.folder, killed, half_written}
+    assert stale[old.folder] == f"its images in {(tmp_path / 'world').resolve()} changed or went after it was written"
+    assert stale[killed] == stale[half_written] == "left by a writer that was killed"
+    sizes = sum(p.stat().st_size for f in (old.folder, bigger.folder) for p in f.rglob("*") if p.is_file())
+
+    assert prepro.main(["--cache", str(folder), "--prune"]) == 0
+    said = capsys.readouterr().out
+    assert f"cache: removed {old.folder} (" in said and f"cache: removed {half_written} (" in said
+    assert f"prepro: {cache.gib(sizes + 1500)} freed in {folder}" in said
+    assert sorted(p.name for p in folder.iterdir()) == sorted([current.folder.name, writing.name, unknown.name])
+    assert sorted(p.name for p in current.folder.iterdir()) == sorted([cache.INDEX, "images.npy"])
+    assert cache.image_store(folder, data, CFG, splits=None, progress=False,
+                             say=_no_writing).folder == current.folder  # mapped again, not rewritten
+
+    assert prepro.main(["--cache", str(folder), "--prune"]) == 0
+    assert f"prepro: nothing in {folder} is stale" in capsys.readouterr().out
+    assert prepro.main(["--prune"]) == 2
+    assert "--prune needs --cache DIR, an existing cache folder (given: none)" in capsys.readouterr().err
+
+
+def _no_writing(message: str) -> None:
+    raise AssertionError(f"the cache was written again: {message}")

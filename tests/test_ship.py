@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -368,6 +370,12 @@ def test_the_ship_keeps_the_images_in_a_cache_beside_the_world_when_the_disk_has
     cfg = TrainConfig.from_dict({"data": {"dataset": str(tmp_path / "scenes" / "dataset.json"),
                                           "images": str(tmp_path / "scenes"), "image_size": 224}})
     assert ship.cache_folder(cfg) == tmp_path / "cache"  # not there yet: the first build writes it
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    killed = tmp_path / "cache" / f"images-0123.tmp-{socket.gethostname()}-{dead.pid}"
+    killed.mkdir(parents=True)
+    assert ship.cache_folder(cfg) == tmp_path / "cache" and not killed.exists()  # what no build reads, deleted
+    assert f"cache: removed {killed} (0.00 GiB): left by a writer that was killed" in capsys.readouterr().out
     assert ship.cache_folder(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, cache="elsewhere"))) is None
     need = 2 * 1000 * 3 * 224**2
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 * need, 0, need - 1))

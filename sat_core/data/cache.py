@@ -15,6 +15,9 @@ complete. Of a node's DDP ranks, local rank 0 writes and the others wait; two no
 write, and the first rename wins. Readers map the files (``np.load(mmap_mode="c")``): the pages are the kernel's
 page cache, shared by every process, read on demand. The format, numpy memmap, was chosen over HDF5 and LMDB by
 measurement (``python -m sat_core.bench formats``; docs/BENCHMARKS.md).
+
+Images changed after their store was written (a regenerated world) leave it unreadable by any run: ``prune``
+deletes such stores, and what killed writers left (``python -m sat_core.prepro --cache DIR --prune``).
 """
 
 from __future__ import annotations
@@ -279,6 +282,7 @@ def _write_images(folder: Path, parts: dict[str, Any], paths: list[Path], root: 
         out.close()
         skipped = [[row, str(path), reason] for row, path, reason in failed]
         write_json_atomic(staged / INDEX, {"key": parts, "paths": [_relative(p, root) for p in paths],
+                                           "root": str(root.resolve()),  # what stale_entries checks the files in
                                            "skipped": skipped, "written": time.strftime("%Y-%m-%d %H:%M:%S")})
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
@@ -371,3 +375,57 @@ def encoder_identity(model: ModelConfig, encoder: torch.nn.Module) -> dict[str, 
     names = ("encoder", "small_channels", "feature_dim", "multiscale", "coarse", "shallow", "tune_blocks", "pool_grid")
     return {**{name: getattr(model, name) for name in names},
             "stage": "frozen blocks" if model.tune_blocks else "annotations", "weights": weights_digest(encoder)}
+
+
+# ----------------------------------------------------------------------------- stale entries
+
+
+def stale_entries(cache: str | Path) -> list[tuple[Path, str]]:
+    """What in the cache folder no run can read any more, each with why: image stores whose image files changed or
+    went after they were written (a regenerated world: every run now asks for another key), with the annotations
+    inside them, and the staging files of writers on this machine that were killed. A store written before its
+    folder of images was kept in its index is never called stale."""
+    found = []
+    for folder in sorted(Path(cache).expanduser().glob("images-*")):
+        if _killed_writer(folder.name):
+            found.append((folder, "left by a writer that was killed"))
+            continue
+        try:
+            index = json.loads((folder / INDEX).read_text())
+            root = Path(index["root"])
+            files = files_digest([root / path for path in index["paths"]], root)
+            changed = files != index["key"]["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a complete store of this format: left alone
+        if changed:
+            found.append((folder, f"its images in {root} changed or went after it was written"))
+            continue
+        found += [(p, "left by a writer that was killed") for p in sorted(folder.iterdir()) if _killed_writer(p.name)]
+    return found
+
+
+def _killed_writer(name: str) -> bool:
+    """Whether ``name`` is a staging name (``_staging``) of a process on this machine that no longer runs."""
+    _, tmp, writer = name.rpartition(".tmp-")
+    host, _, pid = writer.rpartition("-")
+    if not tmp or host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass  # it runs, as another user
+    return False
+
+
+def prune(cache: str | Path, say: Say = print) -> int:
+    """Delete ``stale_entries(cache)``, saying what and why; returns the bytes freed."""
+    freed = 0
+    for path, why in stale_entries(cache):
+        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        size = sum(p.stat().st_size for p in files)
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        freed += size
+        say(f"cache: removed {path} ({gib(size)}): {why}")
+    return freed
