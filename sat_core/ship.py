@@ -55,6 +55,7 @@ PRESETS = Path(__file__).parent / "presets"
 # scenes: on 8,000 the scenes models learnt their training scenes by heart (docs/EXPERIMENTS.md).
 WORLDS = {"shapes": {"train": 8000, "val": 400, "test": 500, "seed": 0},
           "scenes": {"train": 24000, "val": 400, "test": 500, "seed": 0}}
+WORLD_MINUTES = {"shapes": "about a minute", "scenes": "about 6 minutes"}  # to write each world, said before
 NAMES = ("scenes_soft", "scenes_hard", "scenes_soft_supervised", "scenes_hard_supervised", "shapes_soft", "shapes_hard")
 # The scenes world's caption order each scenes preset trains on (its world folder: the preset's data.images).
 # Both train on the largest-first world: on block 10's annotations the hard model lost the objects there, on
@@ -101,7 +102,7 @@ def ensure_world(cfg: TrainConfig, kind: str = "shapes", caption_order: str | No
                 raise SatError(
                     f"{path} names the objects in {order} order, but this preset trains on --caption-order "
                     f"{caption_order}. Move {path.parent} aside (or delete it) and run the ship again: it "
-                    "regenerates the world (about 5 minutes on 2 cores).")
+                    "regenerates the world (about 6 minutes on 2 cores).")
             if meta.get("shifted"):
                 raise SatError(f"{path} is the shifted split, a generalisation set no model trains on; point the "
                                "preset's data.dataset at the scenes world (data/scenes/dataset.json).")
@@ -109,11 +110,14 @@ def ensure_world(cfg: TrainConfig, kind: str = "shapes", caption_order: str | No
                 raise SatError(
                     f"{path} was written by another version of the scenes world (version {meta.get('version', 1)}, "
                     f"this one is {SCENES_VERSION}). Move {path.parent} aside (or delete it) and run the ship "
-                    "again: it regenerates the world (about 5 minutes on 2 cores).")
+                    "again: it regenerates the world (about 6 minutes on 2 cores).")
         return
-    world = WORLDS[kind]
+    world, started = WORLDS[kind], time.perf_counter()
+    print(f"ship: writing the {kind} world into {cfg.data.images} ({world['train']:,} training, {world['val']} "
+          f"validation and {world['test']} test scenes; {WORLD_MINUTES[kind]} on 2 cores)…", flush=True)
     generate(Path(cfg.data.images), world["train"], world["val"], world["test"], seed=world["seed"], kind=kind,
              **({"caption_order": caption_order} if kind == "scenes" else {}))
+    print(f"ship: the world written in {(time.perf_counter() - started) / 60:.1f} min", flush=True)
 
 
 def ensure_generalisation_sets(cfg: TrainConfig) -> tuple[Path, Path]:
@@ -126,10 +130,12 @@ def ensure_generalisation_sets(cfg: TrainConfig) -> tuple[Path, Path]:
     root = Path(cfg.data.images).parent
     shifted, suite = root / "scenes_shifted" / "dataset.json", root / "scenes_suite"
     if not shifted.is_file():
+        print(f"ship: writing the shifted split into {shifted.parent}…", flush=True)
         generate(shifted.parent, 0, 0, GENERALISATION_SCENES, seed=WORLDS["scenes"]["seed"], kind="scenes",
                  shifted=True)
     marks = list(suite.glob("*/dataset.json"))
     if not marks or min(m.stat().st_mtime for m in marks) < world.stat().st_mtime:
+        print(f"ship: writing the transformation suite over the test split into {suite}…", flush=True)
         write_suite(world, cfg.data.images, suite)
     return shifted, suite
 
