@@ -343,7 +343,7 @@ class OptimConfig(Config):
     patience: int = option(3, "epochs without a better validation BLEU-4 before stopping; 0: never", low=0)
     max_minutes: float = option(0.0, "minutes from the start of the run (reading and encoding the images "
                                 "included): stop before an epoch that would end past them, and end a cosine "
-                                "schedule with the last epoch that fits; 0: no limit", low=0.0)
+                                "schedule where the time ends, in hundredths of an epoch; 0: no limit", low=0.0)
     select_metric: str = option("bleu4", "validation metric that picks best/ and drives early stopping",
                                 choices=("bleu4", "cider"))
     save_every: int = option(200, "optimizer steps between resumable checkpoints (and every epoch end); 0: epochs only",

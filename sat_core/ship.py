@@ -24,8 +24,8 @@ before generating anything, and says so.
 
 The whole command keeps to ``--minutes`` (45 by default: the budget on a 2-core CPU): what is left
 after generating the world, less ``EVALUATION_MINUTES`` for the test evaluation, caps the training
-(``--max-minutes``, which counts reading and encoding the images too; a cosine schedule then ends with
-the last epoch that fits), so a slower machine trains fewer epochs instead of running over.
+(``--max-minutes``, which counts reading and encoding the images too; a cosine schedule then ends where the
+time ends, in hundredths of an epoch), so a slower machine trains fewer epochs instead of running over.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ attention) ends bit-identical to an uninterrupted one; bad inputs exit with code
 from __future__ import annotations
 
 import json
+import math
 import signal
 from pathlib import Path
 
@@ -316,19 +317,57 @@ def test_a_time_budget_that_fits_fewer_epochs_ends_the_cosine_schedule_with_them
     trainer.optimizer.step = step
     trainer.validate = lambda: (clock.__setitem__(0, clock[0] + 30), {"BLEU-4": 0.5})[1]  # 0.5 min each
     trainer.run()
-    # 1 min setup + 1.2 min per epoch: after epoch 1 (2.2 min) 7.8 min are left, 6 more epochs fit.
+    # 1 min setup + 1.2 min per epoch: after epoch 1 (2.2 min) 7.8 min are left: 6 more epochs (7.2 min), and of
+    # the 0.6 min after them 0.5 for the validation, 0.1 for 0.14 of an epoch's steps.
     log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     plan = [x for x in log if x.get("event") == "schedule"]
-    assert [(x["epoch"], x["epochs"]) for x in plan] == [(1, 7)]
-    assert [x["epoch"] for x in log if "val" in x] == list(range(1, 8))
-    assert trainer.planned_epochs == 7 and len(seen) == 7 * steps
-    assert seen == pytest.approx([trainer.cfg.optim.lr_at(i, steps, epochs=7) if i >= steps else
-                                  trainer.cfg.optim.lr_at(i, steps) for i in range(7 * steps)])
-    assert 1e-3 < seen[-1] < 1.05e-3  # at the floor, 0.25 × 4e-3, by the last epoch that fits
-    assert "--max-minutes 10 fits 7 epochs at 1.2 min each, not 10" in capsys.readouterr().out
-    assert _state(tmp_path / "run")[0]["planned_epochs"] == 7
+    assert [(x["epoch"], x["epochs"]) for x in plan] == [(1, 7.14)]
+    assert [x["epoch"] for x in log if "val" in x] == list(range(1, 9))  # the last of them 0.14 of an epoch
+    last = math.floor(7.14 * steps + 1e-6)
+    assert trainer.planned_epochs == 7.14 and len(seen) == last == trainer.step and last > 7 * steps
+    assert seen == pytest.approx([trainer.cfg.optim.lr_at(i, steps, epochs=7.14) if i >= steps else
+                                  trainer.cfg.optim.lr_at(i, steps) for i in range(last)])
+    assert 1e-3 < seen[-1] < 1.05e-3  # at the floor, 0.25 × 4e-3, by the last step that fits
+    assert clock[0] - 1000 <= 600  # inside the ten minutes: 1 + 7 × 1.2 + 0.14 × 0.7 + 0.5
+    assert "--max-minutes 10 fits 7.14 epochs at 1.2 min each, not 10" in capsys.readouterr().out
+    assert _state(tmp_path / "run")[0]["planned_epochs"] == 7.14
     saved = json.loads((tmp_path / "run" / "last" / ckpt.CONFIG_FILE).read_text())["training"]
-    assert saved["planned_epochs"] == 7  # what the model card names the cosine schedule by
+    assert saved["planned_epochs"] == 7.14  # what the model card names the cosine schedule by
+
+
+def test_a_run_resumed_inside_its_last_share_of_an_epoch_ends_where_the_uninterrupted_one_did(world_data, tmp_path,
+                                                                                               monkeypatch):
+    data, images = world_data
+    clock = [1000.0]
+    monkeypatch.setattr(training.time, "perf_counter", lambda: clock[0])
+    original = training.Trainer._train_step
+    interrupt = [None]
+
+    def step(self, batch):  # every epoch's steps cost one minute on the clock; validation none
+        out = original(self, batch)
+        clock[0] += 60 / len(self.loader)
+        if self.step == interrupt[0]:
+            self.stop_signal = signal.SIGTERM
+        return out
+
+    monkeypatch.setattr(training.Trainer, "_train_step", step)
+    flags = ("--epochs", "10", "--batch-size", "4", "--lr", "4e-3", "--lr-schedule", "cosine", "--patience", "0",
+             "--max-minutes", "4.5", "--seed", "1", "--dropout", "0.2")
+    assert train.main(train_args(data, images, tmp_path / "a", *flags)) == 0
+    state = _state(tmp_path / "a")[0]
+    log = [json.loads(x) for x in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
+    steps = next(x["step"] for x in log if x.get("epoch") == 1 and "val" in x)  # an epoch's
+    # after epoch 1, 3.5 minutes are left: three more epochs and half of one
+    assert state["planned_epochs"] == 4.5 and state["epoch"] == 5 and state["step"] == math.floor(4.5 * steps + 1e-6)
+
+    interrupt[0] = 4 * steps  # during the half epoch's second step (self.step counts the steps before it)
+    assert train.main(train_args(data, images, tmp_path / "b", *flags)) == 130
+    assert _state(tmp_path / "b")[0]["step"] == 4 * steps + 1
+    assert train.main(["--resume", str(tmp_path / "b")]) == 0
+    resumed = _state(tmp_path / "b")[0]
+    assert (resumed["planned_epochs"], resumed["epoch"], resumed["step"]) == (4.5, 5, state["step"])
+    wa, wb = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_cached_features_are_what_the_saved_model_computes(tiny_data, tmp_path):

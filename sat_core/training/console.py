@@ -55,8 +55,8 @@ EVENTS = {
         f"(best {best:.4f})"),
     "setup": lambda r, cfg, metric, best: f"setup: {r['seconds']:.0f} s before the first step (counted in --max-minutes)",
     "schedule": lambda r, cfg, metric, best: (
-        f"--max-minutes {cfg.optim.max_minutes:g} fits {r['epochs']} epochs at {r['epoch_minutes']:.1f} min each, "
-        f"not {cfg.optim.epochs}: the cosine schedule now ends after epoch {r['epochs']}"),
+        f"--max-minutes {cfg.optim.max_minutes:g} fits {r['epochs']:g} epochs at {r['epoch_minutes']:.1f} min each, "
+        f"not {cfg.optim.epochs}: the cosine schedule now ends with them"),
     "time_budget": lambda r, cfg, metric, best: (
         f"stopped before epoch {r['epoch'] + 1}: it would end past --max-minutes {cfg.optim.max_minutes:g} "
         f"({r['minutes']:.1f} min spent)"),
