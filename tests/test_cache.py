@@ -202,10 +202,14 @@ def test_prune_deletes_stores_of_changed_images_and_killed_writes_and_nothing_a_
     unknown = folder / "images-cdef"  # a store whose index does not name its images' folder: left alone
     unknown.mkdir()
     (unknown / cache.INDEX).write_text(json.dumps({"key": {"files": "0"}, "paths": []}))
+    shutil.copytree(tmp_path / "world", tmp_path / "moved", copy_function=shutil.copy2)
+    moved = cache.image_store(folder, load_karpathy(data_json, tmp_path / "moved"), PreprocessConfig(image_size=40),
+                              **quiet)
+    shutil.rmtree(tmp_path / "moved")  # its images' folder gone (moved again, perhaps): the store is left alone
 
     stale = dict(cache.stale_entries(folder))
     assert set(stale) == {old.folder, bigger.folder, killed, half_written}
-    assert stale[old.folder] == f"its images in {(tmp_path / 'world').resolve()} changed or went after it was written"
+    assert stale[old.folder] == f"its images in {(tmp_path / 'world').resolve()} changed after it was written"
     assert stale[killed] == stale[half_written] == "left by a writer that was killed"
     sizes = sum(p.stat().st_size for f in (old.folder, bigger.folder) for p in f.rglob("*") if p.is_file())
 
@@ -213,7 +217,8 @@ def test_prune_deletes_stores_of_changed_images_and_killed_writes_and_nothing_a_
     said = capsys.readouterr().out
     assert f"cache: removed {old.folder} (" in said and f"cache: removed {half_written} (" in said
     assert f"prepro: {cache.gib(sizes + 1500)} freed in {folder}" in said
-    assert sorted(p.name for p in folder.iterdir()) == sorted([current.folder.name, writing.name, unknown.name])
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [current.folder.name, writing.name, unknown.name, moved.folder.name])
     assert sorted(p.name for p in current.folder.iterdir()) == sorted([cache.INDEX, "images.npy"])
     assert cache.image_store(folder, data, CFG, splits=None, progress=False,
                              say=_no_writing).folder == current.folder  # mapped again, not rewritten

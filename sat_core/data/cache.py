@@ -381,10 +381,11 @@ def encoder_identity(model: ModelConfig, encoder: torch.nn.Module) -> dict[str, 
 
 
 def stale_entries(cache: str | Path) -> list[tuple[Path, str]]:
-    """What in the cache folder no run can read any more, each with why: image stores whose image files changed or
-    went after they were written (a regenerated world: every run now asks for another key), with the annotations
-    inside them, and the staging files of writers on this machine that were killed. A store written before its
-    folder of images was kept in its index is never called stale."""
+    """What in the cache folder no run can read any more, each with why: image stores whose image files changed
+    after they were written (a regenerated world: every run now asks for another key), with the annotations inside
+    them, and the staging files of writers on this machine that were killed. A store whose folder of images is gone
+    is left alone (the folder may have moved: a copy with the same files maps the same store), and so is one written
+    before that folder was kept in its index."""
     found = []
     for folder in sorted(Path(cache).expanduser().glob("images-*")):
         if _killed_writer(folder.name):
@@ -393,12 +394,11 @@ def stale_entries(cache: str | Path) -> list[tuple[Path, str]]:
         try:
             index = json.loads((folder / INDEX).read_text())
             root = Path(index["root"])
-            files = files_digest([root / path for path in index["paths"]], root)
-            changed = files != index["key"]["files"]
+            changed = root.is_dir() and files_digest([root / p for p in index["paths"]], root) != index["key"]["files"]
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not a complete store of this format: left alone
         if changed:
-            found.append((folder, f"its images in {root} changed or went after it was written"))
+            found.append((folder, f"its images in {root} changed after it was written"))
             continue
         found += [(p, "left by a writer that was killed") for p in sorted(folder.iterdir()) if _killed_writer(p.name)]
     return found

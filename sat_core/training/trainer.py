@@ -49,7 +49,7 @@ from sat_core.training.supervision import extra_terms
 
 SAMPLES = 2  # validation captions printed after each epoch
 # A cosine schedule fitted to --max-minutes ends in hundredths of an epoch; a last epoch shorter than this share of
-# one is not begun (its validation would cost more than its steps teach).
+# one is not begun (a validation and a checkpoint for a few minutes of steps).
 TAIL_SHARE = 0.1
 
 
