@@ -55,7 +55,7 @@ PRESETS = Path(__file__).parent / "presets"
 # scenes: on 8,000 the scenes models learnt their training scenes by heart (docs/EXPERIMENTS.md).
 WORLDS = {"shapes": {"train": 8000, "val": 400, "test": 500, "seed": 0},
           "scenes": {"train": 24000, "val": 400, "test": 500, "seed": 0}}
-WORLD_MINUTES = {"shapes": "about a minute", "scenes": "about 6 minutes"}  # to write each world, said before
+WORLD_MINUTES = {"shapes": "about a minute", "scenes": "about 5 minutes"}  # to write each world, said before
 NAMES = ("scenes_soft", "scenes_hard", "scenes_soft_supervised", "scenes_hard_supervised", "shapes_soft", "shapes_hard")
 # The scenes world's caption order each scenes preset trains on (its world folder: the preset's data.images).
 # Both train on the largest-first world: on block 10's annotations the hard model lost the objects there, on
@@ -102,7 +102,7 @@ def ensure_world(cfg: TrainConfig, kind: str = "shapes", caption_order: str | No
                 raise SatError(
                     f"{path} names the objects in {order} order, but this preset trains on --caption-order "
                     f"{caption_order}. Move {path.parent} aside (or delete it) and run the ship again: it "
-                    "regenerates the world (about 6 minutes on 2 cores).")
+                    "regenerates the world (about 5 minutes on 2 cores).")
             if meta.get("shifted"):
                 raise SatError(f"{path} is the shifted split, a generalisation set no model trains on; point the "
                                "preset's data.dataset at the scenes world (data/scenes/dataset.json).")
@@ -110,7 +110,7 @@ def ensure_world(cfg: TrainConfig, kind: str = "shapes", caption_order: str | No
                 raise SatError(
                     f"{path} was written by another version of the scenes world (version {meta.get('version', 1)}, "
                     f"this one is {SCENES_VERSION}). Move {path.parent} aside (or delete it) and run the ship "
-                    "again: it regenerates the world (about 6 minutes on 2 cores).")
+                    "again: it regenerates the world (about 5 minutes on 2 cores).")
         return
     world, started = WORLDS[kind], time.perf_counter()
     print(f"ship: writing the {kind} world into {cfg.data.images} ({world['train']:,} training, {world['val']} "

@@ -212,7 +212,7 @@ def test_the_ship_generates_a_scenes_world_three_times_the_shapes_one_and_the_ca
     assert made == [("scenes", (24000, 400, 500)), ("shapes", (8000, 400, 500))]
     said = capsys.readouterr().out.splitlines()  # minutes of work, said before they start
     assert said[0] == (f"ship: writing the scenes world into {tmp_path / 'scenes'} (24,000 training, 400 validation "
-                       "and 500 test scenes; about 6 minutes on 2 cores)…")
+                       "and 500 test scenes; about 5 minutes on 2 cores)…")
     assert said[1].startswith("ship: the world written in 0.0 min") and len(said) == 4
     dataset = KarpathyData([], tmp_path / "small.json", tmp_path, {"train": 2, "val": 1, "test": 1}, seed=7)
     assert ship.world_summary(dataset, "scenes") == "2 train / 1 val / 1 test images, seed 7"
