@@ -220,6 +220,14 @@ def training_summary(run_dir: Path, checkpoint: str = "best") -> dict[str, Any]:
     }
 
 
+def _epochs_trained(training: dict[str, Any], planned: int) -> str:
+    """How much the run trained, in the card's words: its epochs, or the share of the plan its time held."""
+    fitted = training.get("planned_epochs")
+    if fitted is None or fitted >= planned:
+        return f"{training['epochs']} epoch{'' if training['epochs'] == 1 else 's'}"
+    return f"{fitted} epochs (the {planned} planned, fitted to the time the command leaves for training)"
+
+
 def as_shipped(model: torch.nn.Module) -> torch.nn.Module:
     """Round every floating weight and buffer to SHIPPED_DTYPE and back, in place: the model then
     computes exactly what the shipped checkpoint will."""
@@ -329,7 +337,7 @@ def model_card(name: str, cfg: TrainConfig, config: dict[str, Any], metrics: dic
         + (f", doubly stochastic λ = {cfg.optim.dsa_lambda}." if cfg.model.attention == "soft" else
            f", REINFORCE with baseline, entropy λ_e = {cfg.model.hard.entropy_weight}, soft/hard mixing "
            f"{cfg.model.hard.mix_soft_prob}."),
-        f"- Training: {tr['epochs']} epochs, {tr['train_minutes']} min"
+        f"- Training: {_epochs_trained(tr, cfg.optim.epochs)}, {tr['train_minutes']} min"
         + ("" if scenes else " on this project's 2-core CPU (one thread)")
         + (f" after {tr['setup_minutes']} min reading the images and running the {frozen_part} once"
            if tr.get("setup_minutes") is not None else "")

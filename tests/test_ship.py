@@ -191,10 +191,10 @@ def test_the_card_says_how_long_the_setup_took_when_the_log_kept_it(tmp_path):
     assert summary["setup_minutes"] == 2.0 and summary["train_minutes"] == 1.0
     cfg = TrainConfig.from_dict(json.loads(ship.preset_path("scenes_soft").read_text()))
     text = ship.model_card("scenes_soft", cfg, {}, {**METRICS, "training": {**METRICS["training"], **summary}})
-    assert "1 epochs, 1.0 min after 2.0 min reading the images and running the encoder's frozen blocks once" in text
+    assert "1 epoch, 1.0 min after 2.0 min reading the images and running the encoder's frozen blocks once" in text
     frozen = TrainConfig.from_dict({**cfg.to_dict(), "model": {**cfg.to_dict()["model"], "tune_blocks": 0}})
     text = ship.model_card("scenes_soft", frozen, {}, {**METRICS, "training": {**METRICS["training"], **summary}})
-    assert "1 epochs, 1.0 min after 2.0 min reading the images and running the frozen encoder once" in text
+    assert "1 epoch, 1.0 min after 2.0 min reading the images and running the frozen encoder once" in text
     (run / "log.jsonl").write_text(json.dumps(lines[1]) + "\n")  # a log from before setups were kept
     assert "setup_minutes" not in ship.training_summary(run)
 
@@ -238,6 +238,13 @@ def test_the_card_says_which_epoch_was_shipped_when_it_is_the_last_not_the_best(
                             for s in (best, last))
     assert "best validation BLEU-4 0.5 at epoch 2; shipped: the last epoch (3)." in last_card
     assert "shipped: the last epoch" not in best_card and "best validation BLEU-4 0.5 at epoch 2." in best_card
+    assert "- Training: 3 epochs, 3.0 min" in best_card  # no schedule event: the epochs run
+    for plan, words in ((3, "3 epochs (the 4 planned, "), (2.75, "2.75 epochs (the 4 planned, fitted to the time the "
+                                                                 "command leaves for training), 3.0 min")):
+        (run / "log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [
+            lines[0], {"event": "schedule", "epoch": 1, "epochs": plan}, *lines[1:]]))
+        fitted = {**METRICS["training"], **ship.training_summary(run)}
+        assert f"- Training: {words}" in ship.model_card("scenes_soft", cfg, {}, {**METRICS, "training": fitted})
 
 
 @pytest.mark.parametrize("kind", ["soft", "hard"])
