@@ -295,8 +295,9 @@ def test_plateau_cuts_the_rate_after_an_epoch_without_a_better_figure_and_a_resu
         assert {float(r["lr"]) for r in csv.DictReader(f) if r["epoch"] == "4"} == {2.5e-4}
 
 
-def test_a_time_budget_that_fits_fewer_epochs_ends_the_cosine_schedule_with_them(world_data, tmp_path,
-                                                                                  monkeypatch, capsys):
+@pytest.mark.parametrize("minutes, planned", [(10, 7.14), (9.45, 7)])
+def test_a_time_budget_that_fits_fewer_epochs_ends_the_cosine_schedule_with_them(world_data, tmp_path, monkeypatch,
+                                                                                  capsys, minutes, planned):
     """--max-minutes counts from the start (setup included); after each epoch the plan shrinks to the
     epochs that still fit, and the cosine rate reaches its floor at the last of them, not half way."""
     data, images = world_data
@@ -304,7 +305,7 @@ def test_a_time_budget_that_fits_fewer_epochs_ends_the_cosine_schedule_with_them
     monkeypatch.setattr(training.time, "perf_counter", lambda: clock[0])
     trainer = training.Trainer(*train.parse_config(train_args(
         data, images, tmp_path / "run", "--epochs", "10", "--batch-size", "4", "--lr", "4e-3",
-        "--lr-schedule", "cosine", "--lr-final", "0.25", "--patience", "0", "--max-minutes", "10")))
+        "--lr-schedule", "cosine", "--lr-final", "0.25", "--patience", "0", "--max-minutes", str(minutes))))
     clock[0] += 60  # one minute of setup
     steps, seen = len(trainer.loader), []
     original = trainer.optimizer.step
@@ -318,21 +319,37 @@ def test_a_time_budget_that_fits_fewer_epochs_ends_the_cosine_schedule_with_them
     trainer.validate = lambda: (clock.__setitem__(0, clock[0] + 30), {"BLEU-4": 0.5})[1]  # 0.5 min each
     trainer.run()
     # 1 min setup + 1.2 min per epoch: after epoch 1 (2.2 min) 7.8 min are left: 6 more epochs (7.2 min), and of
-    # the 0.6 min after them 0.5 for the validation, 0.1 for 0.14 of an epoch's steps.
+    # the 0.6 min after them 0.5 for the validation, 0.1 for 0.14 of an epoch's steps. Of 9.45: the 6 epochs and
+    # 0.05 min, too little for a validation.
     log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     plan = [x for x in log if x.get("event") == "schedule"]
-    assert [(x["epoch"], x["epochs"]) for x in plan] == [(1, 7.14)]
-    assert [x["epoch"] for x in log if "val" in x] == list(range(1, 9))  # the last of them 0.14 of an epoch
-    last = math.floor(7.14 * steps + 1e-6)
-    assert trainer.planned_epochs == 7.14 and len(seen) == last == trainer.step and last > 7 * steps
-    assert seen == pytest.approx([trainer.cfg.optim.lr_at(i, steps, epochs=7.14) if i >= steps else
+    assert [(x["epoch"], x["epochs"]) for x in plan] == [(1, planned)]
+    assert [x["epoch"] for x in log if "val" in x] == list(range(1, math.ceil(planned) + 1))  # a share validated too
+    last = math.floor(planned * steps + 1e-6)
+    assert trainer.planned_epochs == planned and len(seen) == last == trainer.step and last >= 7 * steps
+    assert seen == pytest.approx([trainer.cfg.optim.lr_at(i, steps, epochs=planned) if i >= steps else
                                   trainer.cfg.optim.lr_at(i, steps) for i in range(last)])
     assert 1e-3 < seen[-1] < 1.05e-3  # at the floor, 0.25 × 4e-3, by the last step that fits
-    assert clock[0] - 1000 <= 600  # inside the ten minutes: 1 + 7 × 1.2 + 0.14 × 0.7 + 0.5
-    assert "--max-minutes 10 fits 7.14 epochs at 1.2 min each, not 10" in capsys.readouterr().out
-    assert _state(tmp_path / "run")[0]["planned_epochs"] == 7.14
+    assert clock[0] - 1000 <= minutes * 60  # inside the budget: 1 + 7 × 1.2 (+ 0.14 × 0.7 + 0.5)
+    assert f"--max-minutes {minutes:g} fits {planned} epochs at 1.2 min each, not 10" in capsys.readouterr().out
+    assert _state(tmp_path / "run")[0]["planned_epochs"] == planned
     saved = json.loads((tmp_path / "run" / "last" / ckpt.CONFIG_FILE).read_text())["training"]
-    assert saved["planned_epochs"] == 7.14  # what the model card names the cosine schedule by
+    assert saved["planned_epochs"] == planned  # what the model card names the cosine schedule by
+
+
+@pytest.mark.parametrize("done, left_s, planned", [
+    (1, 468.0, 7.14),  # 6 epochs of 72 s, then 36 s: 30 for the validation, 6 for 0.14 of the 42 s of steps
+    (1, 436.0, 7),  # 4 s after the whole epochs: no time for a validation, no share begun
+    (1, 438.5, 7),  # a share under a tenth of an epoch (0.06) is not begun
+    (3, 10.0, 3),  # nothing fits
+    (0, 174.0, 2),  # two epochs, and the validation's 30 s after them
+])
+def test_the_fitted_plan_is_whole_epochs_then_a_share_in_hundredths(done, left_s, planned):
+    from sat_core.training.schedule import fitted_epochs, last_step
+
+    fit = fitted_epochs(done, left_s, 72.0, 42.0)
+    assert fit == planned and isinstance(fit, type(planned))
+    assert last_step(7.14, 100) == 714 and last_step(4, 7) == 28  # 7.14 × 100 is 713.999… in floating point
 
 
 def test_a_run_resumed_inside_its_last_share_of_an_epoch_ends_where_the_uninterrupted_one_did(world_data, tmp_path,

@@ -1,5 +1,5 @@
 """Reduce-on-plateau: the learning rate cut by a factor after epochs without a better validation figure; what a
-rate chosen for another batch size becomes.
+rate chosen for another batch size becomes; how many epochs a cosine schedule plans for in the time left.
 
 ``OptimConfig.lr_at`` gives every step's rate (warmup, constant, cosine, plateau); for the plateau schedule
 it takes the share of ``--lr`` left by the cuts so far, which ``Plateau`` keeps (and ``last/`` saves).
@@ -7,6 +7,7 @@ it takes the share of ``--lr`` left by the cuts so far, which ``Plateau`` keeps 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sat_core.config import OptimConfig
@@ -50,3 +51,23 @@ def scaled_rate_note(optim: OptimConfig, batch_size: int) -> str | None:
         "; a large batch's first steps want --warmup-steps (a few hundred)"
     return (f"lr: --lr {optim.lr:g} was chosen for batch {optim.lr_batch}; at batch {batch_size} the rate peaks at "
             f"{optim.peak_lr(batch_size):.3g} (√{batch_size}/{optim.lr_batch}, the square-root rule){warm}")
+
+
+# A cosine schedule fitted to --max-minutes ends in hundredths of an epoch; a last epoch shorter than this share of
+# one is not begun (a validation and a checkpoint for a few minutes of steps).
+TAIL_SHARE = 0.1
+
+
+def fitted_epochs(done: int, left_s: float, epoch_s: float, train_s: float) -> int | float:
+    """The epochs a schedule can plan for when ``left_s`` seconds remain after ``done`` epochs that took ``epoch_s``
+    seconds each, ``train_s`` of them in steps: the whole epochs that fit, then the share of one more whose steps and
+    validation fit, in hundredths of an epoch (none under TAIL_SHARE)."""
+    whole = max(0, int(left_s // max(epoch_s, 1e-9)))
+    tail = math.floor(100 * (left_s - whole * epoch_s - (epoch_s - train_s)) / max(train_s, 1e-9)) / 100
+    fit = round(float(done + whole + (tail if tail >= TAIL_SHARE else 0)), 2)
+    return int(fit) if fit.is_integer() else fit
+
+
+def last_step(planned_epochs: float, steps_per_epoch: int) -> int:
+    """The step count at which a plan of ``planned_epochs`` ends: the last whole step of its last share."""
+    return math.floor(planned_epochs * steps_per_epoch + 1e-6)

@@ -44,13 +44,10 @@ from sat_core.training.state import (
     STATE_JSON, STATE_TENSORS, clear_earlier_run, flatten_state, restore_rngs, rng_json, rng_tensors, saved_world,
     unflatten_state,
 )
-from sat_core.training.schedule import Plateau, scaled_rate_note
+from sat_core.training.schedule import Plateau, fitted_epochs, last_step, scaled_rate_note
 from sat_core.training.supervision import extra_terms
 
 SAMPLES = 2  # validation captions printed after each epoch
-# A cosine schedule fitted to --max-minutes ends in hundredths of an epoch; a last epoch shorter than this share of
-# one is not begun (a validation and a checkpoint for a few minutes of steps).
-TAIL_SHARE = 0.1
 
 
 class Interrupted(Exception):
@@ -293,12 +290,11 @@ class Trainer:
         totals = dict.fromkeys(self._terms, 0.0)
         batches, captions, started = 0, 0, time.perf_counter()
         last = started
-        last_step = math.floor(self.planned_epochs * len(self.loader) + 1e-6)  # a plan fitted to --max-minutes may
-        # end mid-epoch: at the last whole step of its share of this one
+        final = last_step(self.planned_epochs, len(self.loader))  # a plan fitted to --max-minutes may end mid-epoch
         for i, batch in enumerate(self._progress(self._batches())):
             if i < self.batch_in_epoch:
                 continue  # resumed mid-epoch: these batches were already trained on
-            if self.step >= last_step:
+            if self.step >= final:
                 break
             terms, step_captions = self._train_step(batch)
             for k in totals:
@@ -386,11 +382,9 @@ class Trainer:
         return autocast(self.device, self.precision)
 
     def _batches(self):
-        """The loader's iterator, minus the global-RNG draw DataLoader makes for a worker seed.
-
-        num_workers=0 never uses that seed, and a mid-epoch resume would draw it a second time,
-        shifting every later random number (hard attention's samples, dropout) off the original run.
-        """
+        """The loader's iterator, minus the global-RNG draw DataLoader makes for a worker seed: num_workers=0 never
+        uses that seed, and a mid-epoch resume would draw it a second time, shifting every later random number (hard
+        attention's samples, dropout) off the original run."""
         rng = torch.get_rng_state()
         batches = iter(self.loader)
         torch.set_rng_state(rng)
@@ -533,14 +527,12 @@ class Trainer:
         epoch_s = train_s = 0.0  # the last epoch's seconds, all of it and its steps alone
         while self.epoch < self.planned_epochs:
             spent = (time.perf_counter() - self.started) / 60
-            share = min(1.0, self.planned_epochs - self.epoch)  # of the next epoch, planned
-            next_s = epoch_s - train_s + share * train_s
+            next_s = epoch_s - (1 - min(1.0, self.planned_epochs - self.epoch)) * train_s  # its planned share
             if cfg.optim.max_minutes and distributed.from_rank0(self.device, spent + next_s / 60) > cfg.optim.max_minutes:
                 self._log({"event": "time_budget", "epoch": self.epoch, "minutes": spent})
                 break
             epoch_started = time.perf_counter()
             stats = self.train_one_epoch()
-            train_s = stats["time_s"]
             val = self.validate() if self.main_process else {}
             self.train_seconds += time.perf_counter() - epoch_started
             score = distributed.from_rank0(self.device, val.get(SELECT_KEYS[cfg.optim.select_metric], 0.0))  # only rank 0 validates
@@ -561,7 +553,7 @@ class Trainer:
                 self._log({"event": "plateau", "epoch": self.epoch, "lr": self.lr})
             self.save_last()
             distributed.barrier()
-            epoch_s = time.perf_counter() - epoch_started
+            epoch_s, train_s = time.perf_counter() - epoch_started, stats["time_s"]
             self._fit_schedule(epoch_s, train_s)
             if cfg.optim.patience and self.bad_epochs >= cfg.optim.patience:
                 self._log({"event": "early_stop", "epoch": self.epoch, self._best_key: self.best})
@@ -573,17 +565,13 @@ class Trainer:
                                     batch_size=self.cfg.data.batch_size)
 
     def _fit_schedule(self, epoch_s: float, train_s: float) -> None:
-        """Shorten the plan to what still fits into --max-minutes, judged by the epoch just run (``epoch_s`` in
-        all, ``train_s`` of it in steps): whole epochs, then the share of one more whose steps and validation fit,
-        in hundredths of an epoch (none under TAIL_SHARE), so that a cosine schedule ends where the run will end
-        instead of being cut off at a high rate."""
+        """Shorten the plan to what still fits into --max-minutes (``fitted_epochs``), judged by the epoch just run,
+        so that a cosine schedule ends where the run will end instead of being cut off at a high rate."""
         budget = self.cfg.optim.max_minutes
         if not budget or self.cfg.optim.lr_schedule != "cosine":
             return
         left = budget * 60 - (time.perf_counter() - self.started)  # seconds
-        whole = max(0, int(left // max(epoch_s, 1e-9)))
-        tail = math.floor(100 * (left - whole * epoch_s - (epoch_s - train_s)) / max(train_s, 1e-9)) / 100
-        fit = distributed.from_rank0(self.device, round(self.epoch + whole + (tail if tail >= TAIL_SHARE else 0), 2))
+        fit = float(distributed.from_rank0(self.device, fitted_epochs(self.epoch, left, epoch_s, train_s)))
         if fit < self.planned_epochs:
             self.planned_epochs = int(fit) if fit.is_integer() else fit
             self._log({"event": "schedule", "epoch": self.epoch, "epochs": self.planned_epochs,
