@@ -55,7 +55,7 @@ PRESETS = Path(__file__).parent / "presets"
 # scenes: on 8,000 the scenes models learnt their training scenes by heart (docs/EXPERIMENTS.md).
 WORLDS = {"shapes": {"train": 8000, "val": 400, "test": 500, "seed": 0},
           "scenes": {"train": 24000, "val": 400, "test": 500, "seed": 0}}
-WORLD_MINUTES = {"shapes": "about a minute", "scenes": "about 5 minutes"}  # to write each world, said before
+WORLD_MINUTES = {"shapes": "about half a minute", "scenes": "about 5 minutes"}  # said before writing (2-core Zen 4)
 NAMES = ("scenes_soft", "scenes_hard", "scenes_soft_supervised", "scenes_hard_supervised", "shapes_soft", "shapes_hard")
 # The scenes world's caption order each scenes preset trains on (its world folder: the preset's data.images).
 # Both train on the largest-first world: on block 10's annotations the hard model lost the objects there, on
