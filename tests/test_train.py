@@ -347,8 +347,7 @@ def test_a_time_budget_that_fits_fewer_epochs_ends_the_cosine_schedule_with_them
 def test_the_fitted_plan_is_whole_epochs_then_a_share_in_hundredths(done, left_s, planned):
     from sat_core.training.schedule import fitted_epochs, last_step
 
-    fit = fitted_epochs(done, left_s, 72.0, 42.0)
-    assert fit == planned and isinstance(fit, type(planned))
+    assert fitted_epochs(done, left_s, 72.0, 42.0) == planned
     assert last_step(7.14, 100) == 714 and last_step(4, 7) == 28  # 7.14 × 100 is 713.999… in floating point
 
 

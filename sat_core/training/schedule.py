@@ -58,14 +58,13 @@ def scaled_rate_note(optim: OptimConfig, batch_size: int) -> str | None:
 TAIL_SHARE = 0.1
 
 
-def fitted_epochs(done: int, left_s: float, epoch_s: float, train_s: float) -> int | float:
+def fitted_epochs(done: int, left_s: float, epoch_s: float, train_s: float) -> float:
     """The epochs a schedule can plan for when ``left_s`` seconds remain after ``done`` epochs that took ``epoch_s``
     seconds each, ``train_s`` of them in steps: the whole epochs that fit, then the share of one more whose steps and
     validation fit, in hundredths of an epoch (none under TAIL_SHARE)."""
     whole = max(0, int(left_s // max(epoch_s, 1e-9)))
     tail = math.floor(100 * (left_s - whole * epoch_s - (epoch_s - train_s)) / max(train_s, 1e-9)) / 100
-    fit = round(float(done + whole + (tail if tail >= TAIL_SHARE else 0)), 2)
-    return int(fit) if fit.is_integer() else fit
+    return round(float(done + whole + (tail if tail >= TAIL_SHARE else 0)), 2)
 
 
 def last_step(planned_epochs: float, steps_per_epoch: int) -> int:

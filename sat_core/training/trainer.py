@@ -571,7 +571,7 @@ class Trainer:
         if not budget or self.cfg.optim.lr_schedule != "cosine":
             return
         left = budget * 60 - (time.perf_counter() - self.started)  # seconds
-        fit = float(distributed.from_rank0(self.device, fitted_epochs(self.epoch, left, epoch_s, train_s)))
+        fit = distributed.from_rank0(self.device, fitted_epochs(self.epoch, left, epoch_s, train_s))
         if fit < self.planned_epochs:
             self.planned_epochs = int(fit) if fit.is_integer() else fit
             self._log({"event": "schedule", "epoch": self.epoch, "epochs": self.planned_epochs,
