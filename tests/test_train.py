@@ -340,7 +340,7 @@ def test_a_time_budget_that_fits_fewer_epochs_ends_the_cosine_schedule_with_them
 @pytest.mark.parametrize("done, left_s, planned", [
     (1, 468.0, 7.14),  # 6 epochs of 72 s, then 36 s: 30 for the validation, 6 for 0.14 of the 42 s of steps
     (1, 436.0, 7),  # 4 s after the whole epochs: no time for a validation, no share begun
-    (1, 438.5, 7),  # a share under a tenth of an epoch (0.06) is not begun
+    (1, 464.5, 7),  # 32.5 s after the whole epochs: a share under a tenth of an epoch (0.05) is not begun
     (3, 10.0, 3),  # nothing fits
     (0, 174.0, 2),  # two epochs, and the validation's 30 s after them
 ])
