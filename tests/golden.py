@@ -8,9 +8,8 @@ normalisation), steps through the first image's caption and scores a caption of 
 those tokens and log-probabilities into ``tests/data/golden_captions.json`` under the checkpoint's name
 (other entries are kept). ``tests/test_shipped.py`` checks every entry against its checkpoint.
 
-The entries of ``shapes_soft`` and ``shapes_hard`` were written by the first build's code, before the config
-and module restructuring: they show that no later change moved a shipped caption. Rewrite them only if those
-checkpoints are rebuilt.
+Rewrite an entry only when its checkpoint is rebuilt: between rebuilds the entries show that no change to the
+code moved a shipped caption.
 """
 
 from __future__ import annotations
