@@ -10,8 +10,9 @@ case again, batched and one image at a time, and compares tokens (exactly) and s
 
 The tiny models' cases were written by the host-side beam bookkeeping that walked each step's candidates in
 Python, before the bookkeeping moved onto the device: they hold the device-side search to the same results. The
-shipped model's cases are rewritten when ``checkpoints/shapes_soft`` is rebuilt: the script rewrites every case,
-and the tiny ones are then put back as they were (their tokens come out the same, their scores within 2e-6).
+shipped model's cases are written anew whenever the script runs (after ``checkpoints/shapes_soft`` is rebuilt); a
+tiny model's case keeps its recorded results while the search agrees with them as the test checks (tokens exactly,
+numbers to 1e-5), so running the script does not launder a change into the reference.
 """
 
 from __future__ import annotations
@@ -131,16 +132,35 @@ def load_models() -> dict[str, tuple]:
     return models
 
 
+def agrees(old: list, new: list, tol: float = 1e-5) -> bool:
+    """Whether two records of a case say the same: tokens, locations, steps and ends exactly, numbers to ``tol``
+    (what tests/test_beam_reference.py holds a search to)."""
+    if len(old) != len(new) or any(len(a) != len(b) for a, b in zip(old, new)):
+        return False
+    for hyps_old, hyps_new in zip(old, new):
+        for a, b in zip(hyps_old, hyps_new):
+            if a.keys() != b.keys() or any(a[k] != b[k] for k in ("tokens", "finished", "locations", "steps")):
+                return False
+            if any(abs(a[k] - b[k]) > tol for k in ("logprob", "score", "alpha_digest", "beta_sum")):
+                return False
+    return True
+
+
 def main() -> int:
     models = load_models()
+    kept = json.loads(REFERENCE.read_text())["cases"] if REFERENCE.is_file() else {}
     record = {}
     for case in cases():
         if case["model"] not in models:
             continue
         results = run_case(case, models)
-        record[case_name(case)] = [[as_record(h) for h in hyps] for hyps in results]
+        name = case_name(case)
+        record[name] = [[as_record(h) for h in hyps] for hyps in results]
+        if case["model"] != "shapes_soft" and name in kept and agrees(kept[name], record[name]):
+            record[name] = kept[name]  # the tiny models' cases stay as the host-side search wrote them
         ends = [sum(h.finished for h in hyps) for hyps in results]
-        print(f"{case_name(case)}: finished per image {ends}; best: {results[0][0].words}")
+        print(f"{name}: finished per image {ends}; best: {results[0][0].words}"
+              + ("" if record[name] is kept.get(name) else " (written anew)"))
     REFERENCE.write_text(json.dumps({"max_len": MAX_LEN, "cases": record}, indent=0) + "\n")
     print(f"wrote {REFERENCE.relative_to(ROOT)}")
     return 0

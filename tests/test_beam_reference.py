@@ -125,3 +125,18 @@ def test_steps_replayed_over_static_buffers_give_the_recorded_results(models, ca
     for i, rec in enumerate(recorded[:2]):
         alone = ref.run_case(case, models, Annotations(feats.feats[i : i + 1], feats.grid), graph="on")
         _check(alone[0], rec, f"image {i} alone, replayed")
+
+
+def test_rewriting_the_reference_keeps_a_tiny_case_only_while_the_search_agrees_with_it():
+    """``python -m tests.beam_reference`` keeps a recorded case whose new results differ by rounding alone, and
+    writes anew one whose tokens or numbers moved past the test's tolerance."""
+    recorded = RECORDED["model=soft-beam_size=3-length_norm=0.0"]
+    rounded = json.loads(json.dumps(recorded))
+    rounded[0][0]["logprob"] += 2e-6
+    assert ref.agrees(recorded, rounded)
+    for change in ({"logprob": recorded[0][0]["logprob"] + 1e-4}, {"tokens": [*recorded[0][0]["tokens"], 4]},
+                   {"finished": not recorded[0][0]["finished"]}):
+        moved = json.loads(json.dumps(recorded))
+        moved[0][0].update(change)
+        assert not ref.agrees(recorded, moved), change
+    assert not ref.agrees(recorded, recorded[:-1])  # an image fewer
