@@ -76,7 +76,7 @@ def decoding_line(ctx: Context, loaded: LoadedCheckpoint | None = None) -> str:
 
     loaded = loaded or ctx.loaded
     d = ctx.decode
-    return decoding_note(d.beam_size, d.length_norm, d.max_len, evaluated=(loaded.beam_size, loaded.length_norm),
+    return decoding_note(d.beam_size, d.length_norm, d.max_len, evaluated=loaded.evaluated,
                          hard_mode=d.hard_mode if loaded.model.hard else "expect", seed=d.seed)
 
 

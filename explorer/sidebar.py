@@ -71,15 +71,14 @@ def _checkpoint_ui(settings: ServerSettings) -> tuple[dict[str, str], str | None
 
 def paper_decoding(loaded) -> dict:
     """The widgets' values for the paper's decoding of this checkpoint: plain beam search with the beam and length
-    normalisation its figures were measured with, the expectation α for hard attention."""
-    return {"beam": loaded.beam_size, "lnorm": loaded.length_norm, "maxlen": DecodeConfig().max_len,
-            "hard_mode": "expect"}
+    normalisation and length cap its figures were measured with, the expectation α for hard attention."""
+    return {"beam": loaded.beam_size, "lnorm": loaded.length_norm, "maxlen": loaded.max_len, "hard_mode": "expect"}
 
 
 def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
     st.sidebar.subheader("Decoding")
     if loaded is not None:  # the decoding the checkpoint's figures were measured with
-        state.follow_checkpoint(name, {"beam": loaded.beam_size, "lnorm": loaded.length_norm})
+        state.follow_checkpoint(name, {"beam": loaded.beam_size, "lnorm": loaded.length_norm, "maxlen": loaded.max_len})
         paper = paper_decoding(loaded)
         st.sidebar.button("The paper's decoding", key="paper_decoding", width="stretch",
                           disabled=all(st.session_state.get(k) == v for k, v in paper.items()),

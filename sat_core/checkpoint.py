@@ -297,6 +297,18 @@ class LoadedCheckpoint:
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else DecodeConfig().beam_size
 
     @property
+    def max_len(self) -> int:
+        """The length cap its metrics were measured with (DecodeConfig's default if unknown)."""
+        value = (self.metrics or {}).get("max_len")
+        usable = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        return value if usable else DecodeConfig().max_len
+
+    @property
+    def evaluated(self) -> tuple[int, float, int]:
+        """(beam, length normalisation, length cap) of the decoding its metrics were measured with."""
+        return self.beam_size, self.length_norm, self.max_len
+
+    @property
     def optim(self) -> OptimConfig | None:
         """The objective's settings it was trained with (None when the checkpoint does not record them)."""
         stored = (self.config.get("training") or {}).get("train_config")
@@ -308,9 +320,9 @@ class LoadedCheckpoint:
             return None
 
     def decode_defaults(self) -> DecodeConfig:
-        """DecodeConfig's defaults with the beam and length normalisation its figures were measured with (what the
-        CLI and the explorer start from)."""
-        return DecodeConfig(beam_size=self.beam_size, length_norm=self.length_norm)
+        """DecodeConfig's defaults with the beam, length normalisation and length cap its figures were measured with
+        (what the CLI and the explorer start from)."""
+        return DecodeConfig(beam_size=self.beam_size, length_norm=self.length_norm, max_len=self.max_len)
 
 
 def load_checkpoint(

@@ -90,10 +90,10 @@ def add_decode_flags(parser: argparse.ArgumentParser, defaults: DecodeConfig | N
 
 
 def decoding_follows_checkpoint(parser: argparse.ArgumentParser) -> None:
-    """Say in the help of ``--beam`` and ``--length-norm`` that, when not given, the checkpoint's own value is used
-    (``LoadedCheckpoint.decode_defaults``)."""
+    """Say in the help of ``--beam``, ``--length-norm`` and ``--max-len`` that, when not given, the checkpoint's own
+    value is used (``LoadedCheckpoint.decode_defaults``)."""
     for action in parser._actions:
-        if action.dest in ("decode.beam_size", "decode.length_norm"):
+        if action.dest in ("decode.beam_size", "decode.length_norm", "decode.max_len"):
             text, _, default = (action.help or "").rpartition(" [default:")
             action.help = (f"{text}; when not given, the value the checkpoint's metrics were measured with, "
                            f"else [default:{default}")

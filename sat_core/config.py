@@ -119,8 +119,9 @@ def _coerce(owner: str, f: dataclasses.Field, hint: Any, value: Any) -> Any:
     """``value`` as the field's declared type (JSON lists -> tuples, ints -> floats), or SatError."""
     name = f"{owner}.{f.name}"
     if isinstance(hint, type) and issubclass(hint, Config):
-        if isinstance(value, dict):
-            return hint.from_dict(value)
+        if isinstance(value, dict):  # a section given in part keeps its own defaults for the rest
+            base = f.default_factory() if f.default_factory is not dataclasses.MISSING else hint()
+            return hint.from_dict({**_shallow_dict(base), **value})
         if not isinstance(value, hint):
             raise SatError(f"{name} must be a {hint.__name__} or a JSON object, not {value!r}.")
         return value
@@ -143,6 +144,11 @@ def _coerce(owner: str, f: dataclasses.Field, hint: Any, value: Any) -> Any:
     if meta.get("low") is not None and value < meta["low"]:
         raise SatError(f"{name} must be at least {meta['low']}, not {value!r}.")
     return value
+
+
+def _shallow_dict(config: Config) -> dict[str, Any]:
+    """A config's fields, nested configs kept as objects (``dataclasses.asdict`` would turn them into dicts)."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}  # type: ignore[arg-type]
 
 
 _KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}

@@ -92,16 +92,17 @@ def test_the_same_weights_are_saved_as_the_same_bytes(tmp_path: Path, stand_in: 
 
 
 @pytest.mark.parametrize("metrics, expected", [
-    (None, (3, 0.0)),
-    ({"beam": 5, "length_norm": 1.0}, (5, 1.0)),
-    ({"beam": 0, "length_norm": "1"}, (3, 0.0)),  # not usable: defaults
-    ({"beam": 5, "length_norm": 1.0, "one_mention_per_kind": True, "count_prior": 1.0}, (5, 1.0)),  # older metrics
+    (None, (3, 0.0, 20)),
+    ({"beam": 5, "length_norm": 1.0}, (5, 1.0, 20)),
+    ({"beam": 5, "length_norm": 1.0, "max_len": 24}, (5, 1.0, 24)),
+    ({"beam": 0, "length_norm": "1", "max_len": True}, (3, 0.0, 20)),  # not usable: defaults
+    ({"beam": 5, "length_norm": 1.0, "one_mention_per_kind": True, "count_prior": 1.0}, (5, 1.0, 20)),  # older metrics
 ])
 def test_decoding_defaults_come_from_what_the_metrics_were_measured_with(tmp_path: Path, stand_in: StandIn,
                                                                         metrics, expected) -> None:
     loaded = load_checkpoint(save(tmp_path / "ck", stand_in, metrics=metrics))
     cfg = loaded.decode_defaults()
-    assert (cfg.beam_size, cfg.length_norm) == expected
+    assert (cfg.beam_size, cfg.length_norm, cfg.max_len) == expected == loaded.evaluated
 
 
 # What a scenes checkpoint of an earlier version kept in its config.json: options this version no longer has.

@@ -130,6 +130,17 @@ def test_json_values_are_coerced_to_the_declared_types():
     assert PreprocessConfig.from_dict(PreprocessConfig().to_dict()) == PreprocessConfig()
 
 
+def test_a_section_given_in_part_keeps_its_own_defaults_for_the_rest():
+    """A preset's "val": {"beam_size": 3} is validation's decoding (length cap 24) with another beam, not the
+    command line's decoding (cap 20); a whole section replaces them all."""
+    assert TrainConfig().val.max_len == 24 and DecodeConfig().max_len == 20
+    cfg = TrainConfig.from_dict({"val": {"beam_size": 3}, "model": {"hard": {"entropy_weight": 0.5}}})
+    assert (cfg.val.beam_size, cfg.val.max_len) == (3, 24)
+    assert cfg.model.hard.entropy_weight == 0.5 and cfg.model.hard.baseline_decay == HardAttentionConfig().baseline_decay
+    whole = TrainConfig.from_dict({"val": DecodeConfig(max_len=12).to_dict()})
+    assert (whole.val.beam_size, whole.val.max_len) == (3, 12)
+
+
 def test_flat_train_configs_written_before_sections_still_load():
     flat = json.loads(LEGACY.read_text())
     cfg = TrainConfig.from_dict(flat)

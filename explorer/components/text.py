@@ -96,7 +96,7 @@ def draw_references(references: Sequence[str]) -> None:
             st.markdown("\n".join(f"{k}. {r}" for k, r in enumerate(references, 1)))
 
 
-def decoding_note(beam: int, length_norm: float, max_len: int, *, evaluated: tuple[int, float] | None = None,
+def decoding_note(beam: int, length_norm: float, max_len: int, *, evaluated: tuple[int, float, int] | None = None,
                   hard_mode: str = "expect", seed: int = 0) -> str:
     """How a caption was decoded, in words: the search, its settings, and whether that is the checkpoint's own
     (evaluated) decoding — plain beam search, as the paper decodes. It speaks of the decoding only: whether the model
@@ -106,9 +106,9 @@ def decoding_note(beam: int, length_norm: float, max_len: int, *, evaluated: tup
     text = f"Decoded by {search}, {norm}, at most {max_len} words"
     if hard_mode == "sample":
         text += f", one sampled attention location per step (seed {seed})"
-    if evaluated is None or (beam, length_norm) == evaluated and hard_mode == "expect":
+    if evaluated is None or (beam, length_norm, max_len) == evaluated and hard_mode == "expect":
         return text + ": the paper's decoding (plain beam search, as the checkpoint was evaluated)."
-    changed = f"beam {evaluated[0]}, length normalisation {evaluated[1]:g}"
+    changed = f"beam {evaluated[0]}, length normalisation {evaluated[1]:g}, at most {evaluated[2]} words"
     return text + (f": changed in the sidebar from the decoding the checkpoint was evaluated with ({changed}); "
                    "*The paper's decoding* in the sidebar goes back to it.")
 

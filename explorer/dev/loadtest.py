@@ -373,7 +373,7 @@ def check_against_sat_core(phase: dict[str, Any], uploads: Sequence[Upload], che
     from explorer.resources import NUMBERS_PRECISION
 
     loaded = load_checkpoint(checkpoint)
-    cfg = loaded.decode_defaults()  # beam and length normalisation of the checkpoint's evaluation
+    cfg = loaded.decode_defaults()  # beam, length normalisation and cap of the checkpoint's evaluation
     steps_cfg = dataclasses.replace(cfg, beam_size=1, precision=NUMBERS_PRECISION)
     mismatches = 0
     for result, upload in zip(phase["results"], uploads):

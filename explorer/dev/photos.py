@@ -54,7 +54,7 @@ def table(checkpoints: list[Path], folder: Path, beam: int | None = None) -> str
     columns = {}
     for ckpt in checkpoints:
         loaded = load_checkpoint(ckpt)
-        cfg = dataclasses.replace(loaded.decode_defaults(), max_len=20)  # as the explorer decodes
+        cfg = loaded.decode_defaults()  # as the explorer decodes
         cfg = cfg if beam is None else dataclasses.replace(cfg, beam_size=beam)
         results, failed = caption_files(loaded, sources, cfg)
         if failed:

@@ -131,9 +131,9 @@ def draw_summaries(data: dict, n_images: int) -> None:
 
 def _as_evaluated(loaded, cfg) -> bool:
     """Whether the sidebar decodes as the checkpoint's stored records were made: the settings it takes from the
-    checkpoint (beam, length normalisation) unchanged."""
+    checkpoint (beam, length normalisation, length cap) unchanged."""
     made = loaded.decode_defaults()
-    followed = ("beam_size", "length_norm")
+    followed = ("beam_size", "length_norm", "max_len")
     return all(getattr(cfg, name) == getattr(made, name) for name in followed)
 
 
@@ -145,7 +145,7 @@ def records_decoding(data: dict, loaded, cfg) -> str:
     stored = "stored with the checkpoint" in str(data.get("source", ""))
     length_norm = loaded.length_norm if stored else cfg.length_norm
     max_len = (loaded.metrics or {}).get("max_len", cfg.max_len) if stored else cfg.max_len
-    note = decoding_note(beam, length_norm, max_len, evaluated=(loaded.beam_size, loaded.length_norm))
+    note = decoding_note(beam, length_norm, max_len, evaluated=loaded.evaluated)
     return f"The captions were {note[0].lower()}{note[1:]}"
 
 

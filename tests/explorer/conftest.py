@@ -62,13 +62,14 @@ def explorer_env(tmp_path_factory) -> Env:
         save_checkpoint(roots / f"tiny-{attention}", model, model_config=config, vocab=vocab, preprocess=PreprocessConfig(),
                         metrics={"BLEU-4": 0.123, "CIDEr": 0.456},
                         model_card=f"# Tiny {attention} model\n\nRandom weights, for the explorer's tests.\n")
-    # the hard model again, evaluated at beam 4 with length normalisation 1: the sidebar follows its settings
+    # the hard model again, evaluated at beam 4 with length normalisation 1 and a cap of 16 words: the sidebar
+    # follows its settings
     model, config = _tiny(vocab, "hard")
     # ... and trained, its record says, with supervised attention (the teaching page says so)
     supervised = TrainConfig(optim=OptimConfig(attention_lambda=0.5)).to_dict()
     save_checkpoint(roots / "tiny-hard-normed", model, model_config=config, vocab=vocab, preprocess=PreprocessConfig(),
                     training={"train_config": supervised},
-                    metrics={"BLEU-4": 0.1, "beam": 4, "length_norm": 1.0},
+                    metrics={"BLEU-4": 0.1, "beam": 4, "length_norm": 1.0, "max_len": 16},
                     model_card="# Tiny hard model, normalised\n")
     old = {k: os.environ.get(k) for k in ("SAT_WORLD_DIR", "SAT_CHECKPOINT_DIRS")}
     os.environ["SAT_WORLD_DIR"] = str(world)

@@ -78,13 +78,15 @@ def test_decoding_follows_the_checkpoint_unless_a_link_sets_it(explorer_env):
     at.run()
     # what its metrics were measured with
     assert at.sidebar.slider(key="beam").value == 4 and at.sidebar.slider(key="lnorm").value == 1.0
-    assert not {"beam", "lnorm"} & set(at.query_params)  # the checkpoint's own: links leave them out
+    assert at.sidebar.slider(key="maxlen").value == 16
+    assert not {"beam", "lnorm", "maxlen"} & set(at.query_params)  # the checkpoint's own: links leave them out
     scene = at.sidebar.selectbox(key="scene").value
-    hyps = expected_beams(explorer_env, "hard-normed", explorer_env.scene_path(scene), beam=4, length_norm=1.0)
+    hyps = expected_beams(explorer_env, "hard-normed", explorer_env.scene_path(scene), beam=4, max_len=16,
+                          length_norm=1.0)
     assert caption_shown(at) == hyps[0].caption
     at.sidebar.selectbox(key="ckpt").set_value("tiny-soft").run()
     assert at.sidebar.slider(key="lnorm").value == 0.0  # a checkpoint without the figures: the defaults
-    assert at.sidebar.slider(key="beam").value == 3
+    assert at.sidebar.slider(key="beam").value == 3 and at.sidebar.slider(key="maxlen").value == 20
     at.sidebar.slider(key="lnorm").set_value(0.5).run()
     assert at.query_params["lnorm"] == "0.5"
     at.sidebar.selectbox(key="ckpt").set_value("tiny-hard-normed").run()

@@ -32,10 +32,15 @@ def test_a_changed_decoding_says_so_and_one_click_goes_back_to_the_papers(explor
     line = next(c for c in _captions(at) if c.startswith("Decoded by"))
     assert line.startswith("Decoded by beam search, beam size 5, length normalisation 1")
     assert "changed in the sidebar from the decoding the checkpoint was evaluated with (beam 3, length " \
-           "normalisation 0)" in line and PAPER not in line
+           "normalisation 0, at most 20 words)" in line and PAPER not in line
     at.sidebar.button(key="paper_decoding").click().run()
     assert at.sidebar.slider(key="beam").value == 3 and at.sidebar.slider(key="lnorm").value == 0.0
     assert any(c.startswith("Decoded by beam search, beam size 3") and PAPER in c for c in _captions(at))
+    at.sidebar.slider(key="maxlen").set_value(12).run()  # the length cap is part of the checkpoint's decoding
+    line = next(c for c in _captions(at) if c.startswith("Decoded by"))
+    assert "no length normalisation, at most 12 words: changed in the sidebar" in line and PAPER not in line
+    at.sidebar.button(key="paper_decoding").click().run()
+    assert at.sidebar.slider(key="maxlen").value == 20
 
 
 @pytest.mark.parametrize("page", PAGES)
