@@ -406,6 +406,10 @@ def _validated_recipe(cfg: TrainConfig, hard: HardAttentionConfig | None) -> lis
     if hard and cfg.data.batch_size != 256:
         recipe.append(f"batches of {cfg.data.batch_size} captions against 256 by validation BLEU-4, precision / "
                       "recall and counts")
+    if cfg.val.max_len != DecodeConfig().max_len:
+        recipe.append(f"a length cap of {cfg.val.max_len} words against the command line's {DecodeConfig().max_len} "
+                      "(the world's captions run to 22 words), by the validation captions cut at it, BLEU-4 and "
+                      "precision / recall")
     return recipe
 
 
@@ -446,7 +450,7 @@ def _scenes_choices(cfg: TrainConfig) -> list[str]:
         "the training scenes may draw eighteen styles that no validation, test or generalisation scene draws).",
         f"- Fixed before training and read on no split: every other setting above, beam {cfg.val.beam_size} and "
         f"length normalisation {cfg.val.length_norm:g}. Chosen on the validation split: {chosen}. The test split "
-        "and the sets off the generator were read once per shipped model, after that choice.",
+        "and the sets off the generator were read after those choices, once for each model's weights and decoding.",
     ]
 
 

@@ -25,7 +25,7 @@ def test_card_prints_counts_as_integers_and_scores_to_three_decimals(result, che
     assert f"| attention correctness | {a['correctness']:.3f} |" in card
     assert f"| CIDEr | {result['corpus']['CIDEr']:.3f} |" in card
     assert (f"## Test split ({N_TEST} images, beam {result['beam']}, length normalisation {result['length_norm']}, "
-            f"{result['precision']})") in card
+            f"at most {result['max_len']} words, {result['precision']})") in card
 
 
 def test_evaluate_card_writes_metrics_records_and_card_into_the_checkpoint(checkpoint, world_data, tmp_path, capsys):

@@ -297,7 +297,10 @@ def test_the_scenes_card_shows_the_sets_off_the_generator_beside_the_test_split_
     assert "last 3 blocks trained against a frozen encoder by validation" in soft
     assert "those blocks at 0.3 of the decoder's learning rate against 0.1 by category recall" in soft
     assert "a cosine schedule planned over 4 epochs" in soft and "its training-only surface styles" in soft
-    assert "a cosine schedule over four epochs against three, on the same world, by the same figures (docs" in soft
+    assert "a cosine schedule over four epochs against three, on the same world, by the same figures; a length" in soft
+    assert ("a length cap of 24 words against the command line's 20 (the world's captions run to 22 words), by the "
+            "validation captions cut at it, BLEU-4 and precision / recall (docs/EXPERIMENTS.md)") in soft
+    assert "read after those choices, once for each model's weights and decoding" in soft
     assert "four epochs against three, on the same world, by the same figures; batches of" in text
     assert "training scenes drawing the world's training-only surface styles, against the world without them" in soft
     assert "(with `scenes_soft`, whose weights this model starts from)" in text

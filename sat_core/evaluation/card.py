@@ -110,6 +110,7 @@ def model_card(name: str, config: dict[str, Any], metrics: dict[str, Any], *, ab
     lines += ["", f"## {str(metrics.get('split', 'evaluation')).capitalize()} split "
                   f"({metrics.get('n_images', '?')} images, beam {metrics.get('beam', '?')}, "
                   f"length normalisation {metrics.get('length_norm', 0.0)}, "
+                  f"at most {metrics.get('max_len', '?')} words, "
                   f"{metrics.get('precision', 'fp32')})",
               "| metric | value |", "| --- | --- |"]
     lines += [f"| {k} | {_figure(v)} |" for k, v in metrics.get("corpus", {}).items()]
