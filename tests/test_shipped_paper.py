@@ -1,5 +1,6 @@
 """The scenes checkpoints that ship are the paper's model, trained with the paper's objective and decoded by
-plain beam search: no retired option in their configs, no supervised attention, no add-on in their training."""
+plain beam search: no retired option in their configs, no supervised attention, no add-on in their training; every
+shipped model measured as its preset decodes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from sat_core.config import RETIRED, DecodeConfig, ModelConfig, TrainConfig
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
+PRESETS = CHECKPOINTS.parent / "sat_core" / "presets"
 PAPER_MODELS = ("scenes_soft", "scenes_hard")
 
 
@@ -68,3 +70,17 @@ def test_a_shipped_scenes_model_keeps_the_unsure_mark_its_figures_were_measured_
     flagged = sum(r["logprob"] < mark.threshold for r in records) / len(records)
     assert config["metrics"]["confidence"]["unsure"] == pytest.approx(flagged)
     assert config["metrics"]["generalisation"]["test"]["unsure"] == pytest.approx(flagged)
+
+
+@pytest.mark.parametrize("name", (*PAPER_MODELS, "scenes_soft_supervised", "scenes_hard_supervised", "shapes_soft",
+                                  "shapes_hard"))
+def test_a_shipped_model_was_measured_at_its_presets_length_cap_and_no_test_caption_reached_it(name):
+    """The worlds' captions run to 22 words: at the command line's cap of 20, 2 to 12 of a model's 500 test
+    captions stopped mid-phrase. Its figures, its records and the explorer's default all use the preset's cap."""
+    config = _config(name)
+    preset = TrainConfig.from_dict(json.loads((PRESETS / f"{name}.json").read_text()))
+    assert preset.val.max_len > DecodeConfig().max_len
+    assert config["metrics"]["max_len"] == preset.val.max_len == config["training"]["train_config"]["val"]["max_len"]
+    records = json.loads((CHECKPOINTS / name / "eval_records.json").read_text())["records"]
+    assert len(records) == 500 and all(r["finished"] for r in records)
+    assert max(len(r["tokens"]) for r in records) < preset.val.max_len
