@@ -5,7 +5,8 @@
 
 A folder stands for its image files (PNG, JPEG, WebP, BMP, GIF, TIFF; sorted by name, not recursive).
 Images are decoded ``--batch-size`` at a time through the one batched ``beam_search``, with a progress
-bar on stderr when it is a terminal. Plain output is one ``IMAGE: caption`` line per image; ``--json``
+bar on stderr when it is a terminal. Plain output is one ``IMAGE: caption`` line per image (saying so when the
+caption was cut at the length cap); ``--json``
 prints a list with, per image, the best hypothesis's tokens, words, score, log-probability, whether the model
 is unsure of it (when the checkpoint keeps the mark: ``sat_core.evaluation.confidence``), α grids
 (T × gh × gw), β values and every beam hypothesis; ``--jsonl OUT`` writes the same objects one per line
@@ -236,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                 if args.json:
                     everything.append(record)
                 elif outputs.jsonl is not sys.stdout:
-                    print(f"{r.source}: {r.best.caption}")
+                    words = f"{cfg.max_len} word{'s' if cfg.max_len > 1 else ''}"
+                    cut = "" if r.best.finished else f" … (cut at the length cap of {words}: --max-len)"
+                    print(f"{r.source}: {r.best.caption}{cut}")
             for source, message in bad:
                 bar.write(f"{source}: {message}", file=sys.stderr)
             failed += bad

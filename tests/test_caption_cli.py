@@ -71,13 +71,25 @@ def test_length_norm_defaults_to_the_checkpoints_own(checkpoint, files, tmp_path
             assert item["score"] == pytest.approx(item["logprob"] / len(item["tokens"]) ** norm)
 
 
+def test_the_length_cap_defaults_to_the_checkpoints_own_and_a_cut_caption_says_so(checkpoint, files, tmp_path, capsys):
+    loaded = load_checkpoint(checkpoint)
+    capped = tmp_path / "capped"
+    save_checkpoint(capped, loaded.model, model_config=loaded.model_config, vocab=loaded.vocab,
+                    preprocess=loaded.preprocess, metrics={"max_len": 1})
+    assert main(["--checkpoint", str(capped), files[0], "--beam", "2", "--device", "cpu"]) == 0
+    best = _direct(capped, [files[0]], 2, 1)[0][0]
+    assert len(best.words) == 1 and not best.finished  # <end> never comes first: one word is always cut short
+    assert capsys.readouterr().out == f"{files[0]}: {best.caption} … (cut at the length cap of 1 word: --max-len)\n"
+
+
 def test_plain_output_and_bad_image(checkpoint, files, capsys):
     code = main(["--checkpoint", str(checkpoint), *files, "--beam", "2", "--max-len", "6", "--device", "cpu"])
     out, err = capsys.readouterr()
     assert code == 1
     lines = out.splitlines()
-    expected = _direct(checkpoint, [files[0], files[2]], 2, 6)
-    assert lines == [f"{files[0]}: {expected[0][0].caption}", f"{files[2]}: {expected[1][0].caption}"]
+    expected = [hyps[0] for hyps in _direct(checkpoint, [files[0], files[2]], 2, 6)]
+    cut = " … (cut at the length cap of 6 words: --max-len)"
+    assert lines == [f"{f}: {h.caption}{'' if h.finished else cut}" for f, h in zip([files[0], files[2]], expected)]
     assert f"{files[1]}: " in err and "not an image" in err
 
 
