@@ -78,8 +78,8 @@ def paper_decoding(loaded) -> dict:
 def _decoding_ui(name: str | None, loaded) -> DecodeConfig:
     st.sidebar.subheader("Decoding")
     if loaded is not None:  # the decoding the checkpoint's figures were measured with
-        state.follow_checkpoint(name, {"beam": loaded.beam_size, "lnorm": loaded.length_norm, "maxlen": loaded.max_len})
         paper = paper_decoding(loaded)
+        state.follow_checkpoint(name, {key: paper[key] for key in ("beam", "lnorm", "maxlen")})
         st.sidebar.button("The paper's decoding", key="paper_decoding", width="stretch",
                           disabled=all(st.session_state.get(k) == v for k, v in paper.items()),
                           on_click=lambda: st.session_state.update(paper),
